@@ -1,0 +1,31 @@
+# The developer interface. `make run` and `make test` set everything up on a
+# fresh machine first.
+VENV := .venv
+BIN := $(VENV)/bin
+export TIERTP_DATA ?= $(abspath ../shared/data)
+
+.PHONY: help setup run test test-rust test-python bench lint
+
+help:  ## List targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup:  ## Create .venv with pinned deps and build the Rust extension (release)
+	./scripts/setup.sh
+
+run: setup  ## Run the main job on embedded defaults
+	$(BIN)/tiertp demo
+
+test: setup lint test-rust test-python  ## Everything CI runs
+
+test-rust:  ## Cargo tests (unit and property tests)
+	cargo test --workspace --release
+
+test-python:  ## Pytest suite against the built extension
+	$(BIN)/python -m pytest -q tests
+
+bench: setup  ## All benchmarks, JSON on stdout
+	$(BIN)/tiertp bench scheduler --json
+
+lint:  ## Clippy with warnings as errors, and rustfmt
+	cargo clippy --workspace --all-targets --release -- -D warnings
+	cargo fmt --all -- --check

@@ -1,0 +1,1 @@
+"""Subcommands of the `tiertp` CLI (listed once, in tiertp.cli.COMMANDS)."""

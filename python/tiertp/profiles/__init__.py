@@ -1,0 +1,10 @@
+"""TP performance profiles composed from measured GPU kernel latencies.
+
+`resolve(gpu, model)` names a shipped default table (defaults/*.json);
+`tiertp profile build-defaults` (build_defaults.py) regenerates them from
+the kernel tables in the public data (gpu-kernels/).
+"""
+
+from tiertp.profiles.registry import DEFAULTS_DIR, resolve, shipped
+
+__all__ = ["DEFAULTS_DIR", "resolve", "shipped"]

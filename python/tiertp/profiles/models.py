@@ -1,0 +1,119 @@
+"""Model shapes the default tables are composed for: the one list of them.
+
+Shapes are from each model's Hugging Face `config.json`. Only the
+architecture matters here (Llama/Qwen2 decoder: GQA attention with RoPE,
+SwiGLU MLP, RMSNorm, untied embedding and LM head), so one shape can stand
+for several checkpoints (`aliases`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PARAM = 2  # bf16 weights and KV cache
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer, as far as its kernel shapes go.
+
+    Invariants: heads and kv_heads divide evenly at every TP level used
+    (checked by `tp_ok`); head_dim * heads need not equal hidden.
+    """
+
+    name: str
+    hf_id: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    qkv_bias: bool = False
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def params(self) -> int:
+        """Parameter count (embedding and LM head counted separately: untied)."""
+        h = self.hidden
+        per_layer = (
+            h * (self.q_dim + 2 * self.kv_dim)  # fused QKV
+            + (self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0)
+            + self.q_dim * h  # O
+            + 3 * h * self.intermediate  # gate, up, down
+            + 2 * h  # two RMSNorms
+        )
+        return self.layers * per_layer + 2 * self.vocab * h + h
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.params * BYTES_PER_PARAM
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per token: all layers, all KV heads, K and V."""
+        return self.layers * 2 * self.kv_dim * BYTES_PER_PARAM
+
+    def tp_ok(self, tp: int) -> bool:
+        """Attention heads and KV heads split evenly over `tp` GPUs."""
+        return self.heads % tp == 0 and self.kv_heads % tp == 0
+
+    def describe(self) -> dict[str, object]:
+        """The shape as recorded in a profile's provenance."""
+        return {
+            "hf_id": self.hf_id,
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate": self.intermediate,
+            "vocab": self.vocab,
+            "qkv_bias": self.qkv_bias,
+            "params": self.params,
+        }
+
+
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in [
+        ModelShape(
+            name="llama-3.1-8b",
+            hf_id="meta-llama/Llama-3.1-8B-Instruct",
+            layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128,
+            intermediate=14336, vocab=128256,
+        ),
+        ModelShape(
+            name="qwen2.5-14b",
+            hf_id="Qwen/Qwen2.5-14B-Instruct",
+            layers=48, hidden=5120, heads=40, kv_heads=8, head_dim=128,
+            intermediate=13824, vocab=152064, qkv_bias=True,
+            aliases=("deepseek-r1-distill-qwen-14b",),
+        ),
+        ModelShape(
+            name="llama-3.1-70b",
+            hf_id="meta-llama/Llama-3.1-70B-Instruct",
+            layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128,
+            intermediate=28672, vocab=128256,
+        ),
+    ]
+}
+
+
+def get_model(name: str) -> ModelShape:
+    """The shape named `name` (case-insensitive; aliases accepted)."""
+    key = name.strip().lower()
+    for m in MODELS.values():
+        if key == m.name or key in m.aliases:
+            return m
+    valid = sorted([*MODELS, *(a for m in MODELS.values() for a in m.aliases)])
+    raise ValueError(f"unknown model {name!r}; valid models: {', '.join(valid)}")

@@ -1,0 +1,70 @@
+use pyo3::prelude::*;
+use tiertp_scheduler::batch_policy as core;
+use tiertp_scheduler::dispatcher::DispatchClass;
+
+use crate::errors::dispatch_err;
+
+/// Per-GPU-group local batch policy, called by the worker every iteration.
+#[pyclass(module = "tiertp._scheduler")]
+pub struct BatchPolicy {
+    inner: core::BatchPolicy,
+}
+
+#[pymethods]
+impl BatchPolicy {
+    #[new]
+    #[pyo3(signature = (batch_cap, token_cap = 0))]
+    fn new(batch_cap: u32, token_cap: u32) -> Self {
+        Self {
+            inner: core::BatchPolicy::new(batch_cap, token_cap),
+        }
+    }
+
+    #[getter]
+    fn batch_cap(&self) -> u32 {
+        self.inner.batch_cap()
+    }
+
+    #[getter]
+    fn token_cap(&self) -> u32 {
+        self.inner.token_cap()
+    }
+
+    #[pyo3(signature = (batch_cap, token_cap = 0))]
+    fn set_caps(&mut self, batch_cap: u32, token_cap: u32) {
+        self.inner.set_caps(batch_cap, token_cap);
+    }
+
+    /// Queue a request under a dispatch class name; False if already queued.
+    #[pyo3(signature = (request_id, cls, tokens))]
+    fn enqueue(&mut self, request_id: u64, cls: &str, tokens: u32) -> PyResult<bool> {
+        let class = DispatchClass::parse(cls).map_err(dispatch_err)?;
+        Ok(self.inner.enqueue(request_id, class, tokens))
+    }
+
+    /// Drop a waiting request; False if it was not waiting.
+    #[pyo3(signature = (request_id))]
+    fn remove(&mut self, request_id: u64) -> bool {
+        self.inner.remove(request_id)
+    }
+
+    /// Requests to add this iteration given `running` already batched.
+    #[pyo3(signature = (running))]
+    fn next_batch(&mut self, running: u32) -> Vec<u64> {
+        self.inner.next_batch(running)
+    }
+
+    /// Waiting requests per class name.
+    #[pyo3(signature = ())]
+    fn queue_lengths(&self) -> Vec<(&'static str, usize)> {
+        DispatchClass::ALL
+            .iter()
+            .map(|c| c.name())
+            .zip(self.inner.queue_lengths())
+            .collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+}

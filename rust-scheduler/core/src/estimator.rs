@@ -1,0 +1,286 @@
+//! Goodput estimation: for a tier's SLOs and observed load, how many
+//! requests per second one TP group can serve while meeting them, per role.
+//!
+//! The model (DESIGN.md §1), per TP level k, with L_in and L_out the tier's
+//! mean prompt and output lengths:
+//! - prefill: the largest batch of n prompts (n·L_in tokens) whose batch time
+//!   T_p satisfies 2·T_p ≤ TTFT (one batch of queueing plus its own run)
+//!   gives X_p = n / T_p;
+//! - decode: the largest batch B whose step time T_d(B, ctx = L_in + L_out/2)
+//!   is ≤ TPOT (and whose KV fits) gives X_d = B / (L_out · T_d);
+//! - colocated (chunked prefill): B decoding requests plus a prefill chunk of
+//!   c = ⌈B·L_in/L_out⌉ tokens per iteration; the iteration
+//!   T_d(B) + T_p(c) must be ≤ TPOT and (⌈L_in/c⌉ + 1) iterations ≤ TTFT;
+//!   X_c = B / (L_out · T_iter), best over B.
+//!
+//! Background tiers have no SLO: each stage runs at its largest batch.
+
+use rayon::prelude::*;
+
+use crate::profile::Profile;
+use crate::stats::TierStats;
+use crate::tiers::{Tier, TierId};
+
+/// What one TP group achieves in one role for one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StageEstimate {
+    /// SLO-compliant requests per second; 0 when the SLO cannot be met.
+    pub throughput_rps: f64,
+    /// Requests per batch (prefill: prompts; decode/colocated: running batch).
+    pub batch_requests: u32,
+    /// Prompt tokens per iteration (prefill batch, or colocated chunk).
+    pub batch_tokens: u32,
+    /// Time of one batch / iteration.
+    pub batch_ms: f64,
+}
+
+impl StageEstimate {
+    pub fn feasible(&self) -> bool {
+        self.throughput_rps > 0.0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TpEstimate {
+    pub tp: u32,
+    pub prefill: StageEstimate,
+    pub decode: StageEstimate,
+    pub colocated: StageEstimate,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierEstimate {
+    pub tier: TierId,
+    pub stats: TierStats,
+    /// One entry per TP level the planner may use, ascending.
+    pub per_tp: Vec<TpEstimate>,
+}
+
+/// A deployable unit for one tier, for reports and comparisons.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CandidateMode {
+    Colocated {
+        tp: u32,
+    },
+    Disaggregated {
+        prefill_tp: u32,
+        decode_tp: u32,
+        prefill_groups: u32,
+        decode_groups: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    pub mode: CandidateMode,
+    pub gpus: u32,
+    /// SLO-compliant requests per second of the whole unit.
+    pub throughput_rps: f64,
+    /// min(λ, throughput) / GPUs.
+    pub goodput_efficiency: f64,
+}
+
+/// Largest stage group counts tried when balancing a disaggregated unit.
+const MAX_GROUPS_PER_STAGE: u32 = 4;
+
+impl TierEstimate {
+    pub fn at(&self, tp: u32) -> Option<&TpEstimate> {
+        self.per_tp.iter().find(|e| e.tp == tp)
+    }
+
+    /// Every candidate configuration with a non-zero throughput.
+    pub fn candidates(&self) -> Vec<Candidate> {
+        let lambda = self.stats.arrival_rate;
+        let ge = |x: f64, gpus: u32| if lambda > 0.0 { x.min(lambda) } else { x } / f64::from(gpus);
+        let mut out = Vec::new();
+        for e in &self.per_tp {
+            if e.colocated.feasible() {
+                let x = e.colocated.throughput_rps;
+                out.push(Candidate {
+                    mode: CandidateMode::Colocated { tp: e.tp },
+                    gpus: e.tp,
+                    throughput_rps: x,
+                    goodput_efficiency: ge(x, e.tp),
+                });
+            }
+        }
+        for p in self.per_tp.iter().filter(|e| e.prefill.feasible()) {
+            for d in self.per_tp.iter().filter(|e| e.decode.feasible()) {
+                let mut best: Option<Candidate> = None;
+                for n_p in 1..=MAX_GROUPS_PER_STAGE {
+                    for n_d in 1..=MAX_GROUPS_PER_STAGE {
+                        let x = (f64::from(n_p) * p.prefill.throughput_rps).min(f64::from(n_d) * d.decode.throughput_rps);
+                        let gpus = n_p * p.tp + n_d * d.tp;
+                        let c = Candidate {
+                            mode: CandidateMode::Disaggregated {
+                                prefill_tp: p.tp,
+                                decode_tp: d.tp,
+                                prefill_groups: n_p,
+                                decode_groups: n_d,
+                            },
+                            gpus,
+                            throughput_rps: x,
+                            goodput_efficiency: ge(x, gpus),
+                        };
+                        if best.is_none_or(|b| c.goodput_efficiency > b.goodput_efficiency * (1.0 + 1e-9)) {
+                            best = Some(c);
+                        }
+                    }
+                }
+                out.extend(best);
+            }
+        }
+        out
+    }
+}
+
+/// Estimates one tier at every TP level in `tp_levels`.
+pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32]) -> TierEstimate {
+    let per_tp = tp_levels.iter().map(|&tp| estimate_tp(profile, tier, &stats, tp)).collect();
+    TierEstimate {
+        tier: tier_id,
+        stats,
+        per_tp,
+    }
+}
+
+/// Estimates every (tier, TP level) in parallel: the candidate enumeration
+/// of the control loop.
+pub fn estimate_all(profile: &Profile, tiers: &[Tier], stats: &[TierStats], tp_levels: &[u32]) -> Vec<TierEstimate> {
+    assert_eq!(tiers.len(), stats.len(), "one TierStats per tier");
+    let cells: Vec<(usize, u32)> = (0..tiers.len()).flat_map(|t| tp_levels.iter().map(move |&k| (t, k))).collect();
+    let results: Vec<TpEstimate> = cells
+        .par_iter()
+        .map(|&(t, k)| estimate_tp(profile, &tiers[t], &stats[t], k))
+        .collect();
+    let mut it = results.into_iter();
+    (0..tiers.len())
+        .map(|t| TierEstimate {
+            tier: t,
+            stats: stats[t],
+            per_tp: it.by_ref().take(tp_levels.len()).collect(),
+        })
+        .collect()
+}
+
+pub fn estimate_tp(profile: &Profile, tier: &Tier, stats: &TierStats, tp: u32) -> TpEstimate {
+    let l_in = stats.mean_prompt_tokens.max(1.0);
+    let l_out = stats.mean_output_tokens.max(1.0);
+    TpEstimate {
+        tp,
+        prefill: prefill(profile, tp, tier.ttft_ms, l_in),
+        decode: decode(profile, tp, tier.tpot_ms, l_in, l_out),
+        colocated: colocated(profile, tp, tier.ttft_ms, tier.tpot_ms, l_in, l_out),
+    }
+}
+
+fn within(limit_ms: Option<f64>, ms: f64) -> bool {
+    limit_ms.is_none_or(|limit| ms <= limit)
+}
+
+fn prefill(profile: &Profile, tp: u32, ttft_ms: Option<f64>, l_in: f64) -> StageEstimate {
+    let table = profile.table(tp).expect("estimated TP levels come from the profile");
+    let max_tokens = *table.prefill.x().last().expect("validated axis");
+    let max_prompts = *table.prefill.y().last().expect("validated axis");
+    let n_max = (max_tokens / l_in).min(max_prompts).floor().max(1.0) as u32;
+    let time = |n: u32| profile.prefill_ms(tp, f64::from(n) * l_in, f64::from(n));
+    let ok = |n: u32| within(ttft_ms, 2.0 * time(n));
+    if !ok(1) {
+        return StageEstimate::default();
+    }
+    let n = largest_true(1, n_max, ok);
+    let t = time(n);
+    StageEstimate {
+        throughput_rps: f64::from(n) / (t / 1e3),
+        batch_requests: n,
+        batch_tokens: (f64::from(n) * l_in).ceil() as u32,
+        batch_ms: t,
+    }
+}
+
+/// Largest decode batch: bounded by the profile's axis and by KV capacity.
+fn decode_batch_limit(profile: &Profile, tp: u32, l_in: f64, l_out: f64) -> u32 {
+    let table = profile.table(tp).expect("estimated TP levels come from the profile");
+    let axis_max = *table.decode.x().last().expect("validated axis");
+    let kv_max = table.kv_capacity_tokens.map_or(f64::INFINITY, |cap| cap as f64 / (l_in + l_out));
+    axis_max.min(kv_max).floor().max(0.0) as u32
+}
+
+fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, l_in: f64, l_out: f64) -> StageEstimate {
+    let b_max = decode_batch_limit(profile, tp, l_in, l_out);
+    let ctx = l_in + l_out / 2.0;
+    let time = |b: u32| profile.decode_ms(tp, f64::from(b), ctx);
+    let ok = |b: u32| within(tpot_ms, time(b));
+    if b_max == 0 || !ok(1) {
+        return StageEstimate::default();
+    }
+    let b = largest_true(1, b_max, ok);
+    let t = time(b);
+    StageEstimate {
+        throughput_rps: f64::from(b) / (l_out * t / 1e3),
+        batch_requests: b,
+        batch_tokens: 0,
+        batch_ms: t,
+    }
+}
+
+fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, l_in: f64, l_out: f64) -> StageEstimate {
+    let b_max = decode_batch_limit(profile, tp, l_in, l_out);
+    let table = profile.table(tp).expect("estimated TP levels come from the profile");
+    let max_chunk = *table.prefill.x().last().expect("validated axis");
+    let ctx = l_in + l_out / 2.0;
+    let mut best = StageEstimate::default();
+    for b in geometric(b_max) {
+        let chunk = (f64::from(b) * l_in / l_out).ceil().min(max_chunk).max(1.0);
+        let iter_ms = profile.decode_ms(tp, f64::from(b), ctx) + profile.prefill_ms(tp, chunk, 1.0);
+        let ttft = ((l_in / chunk).ceil() + 1.0) * iter_ms;
+        if !within(tpot_ms, iter_ms) || !within(ttft_ms, ttft) {
+            continue;
+        }
+        // The chunk may be capped below what B decoding requests need: then
+        // prefill, not decode, bounds the completion rate.
+        let x = (f64::from(b) / l_out).min(chunk / l_in) / (iter_ms / 1e3);
+        if x > best.throughput_rps {
+            best = StageEstimate {
+                throughput_rps: x,
+                batch_requests: b,
+                batch_tokens: chunk as u32,
+                batch_ms: iter_ms,
+            };
+        }
+    }
+    best
+}
+
+/// 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, ... up to and including `max`.
+fn geometric(max: u32) -> impl Iterator<Item = u32> {
+    let mut next = 1u32;
+    let mut done = max == 0;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let cur = next.min(max);
+        done = cur == max;
+        next = (cur + 1).max((f64::from(cur) * 1.25) as u32);
+        Some(cur)
+    })
+}
+
+/// Largest x in [lo, hi] with pred(x), given pred(lo) and pred monotone
+/// (true then false).
+fn largest_true(lo: u32, hi: u32, pred: impl Fn(u32) -> bool) -> u32 {
+    let (mut lo, mut hi) = (lo, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if pred(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,163 @@
+//! Hand-computed cases. The profile is linear along every axis, so
+//! interpolation is exact and each figure below can be checked on paper.
+
+use super::*;
+use crate::profile::synthetic::{tabulate, Axes};
+
+fn profile() -> Profile {
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    tabulate(
+        &[1, 2],
+        &axes,
+        // TP1: 0.2 ms per prompt token; TP2: 0.12 ms.
+        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
+        // TP1: 10 ms + 1 ms per extra request; TP2: 6 ms + 0.5 ms.
+        |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
+        None,
+    )
+}
+
+fn chat() -> Tier {
+    Tier::slo_tier("chat", 300.0, 30.2, 1.0)
+}
+
+fn stats() -> TierStats {
+    TierStats::new(100.0, 1000.0, 100.0)
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9 * b.abs().max(1.0)
+}
+
+#[test]
+fn tp2_meets_a_ttft_slo_that_tp1_cannot() {
+    let p = profile();
+    let e1 = estimate_tp(&p, &chat(), &stats(), 1);
+    let e2 = estimate_tp(&p, &chat(), &stats(), 2);
+    // TP1: one 1000-token prompt takes 200 ms; 2 x 200 > 300 ms TTFT.
+    assert!(!e1.prefill.feasible());
+    // TP2: 120 ms; 2 x 120 = 240 <= 300; X = 1 / 0.120 s.
+    assert!(close(e2.prefill.throughput_rps, 1.0 / 0.120), "{:?}", e2.prefill);
+    assert_eq!(e2.prefill.batch_requests, 1);
+    assert!(close(e2.prefill.batch_ms, 120.0));
+}
+
+#[test]
+fn decode_batch_is_the_largest_within_tpot() {
+    let p = profile();
+    // TPOT 30.2 ms (off the grid point, so rounding cannot flip it).
+    // TP1: 10 + (B-1) <= 30.2 -> B = 21, T = 30 ms; X = 21 / (100 x 0.030) = 7.
+    let e1 = estimate_tp(&p, &chat(), &stats(), 1);
+    assert_eq!(e1.decode.batch_requests, 21);
+    assert!(close(e1.decode.throughput_rps, 7.0), "{:?}", e1.decode);
+    // TP2: 6 + 0.5 (B-1) <= 30.2 -> B = 49, T = 30 ms; X = 49 / 3.0.
+    let e2 = estimate_tp(&p, &chat(), &stats(), 2);
+    assert_eq!(e2.decode.batch_requests, 49);
+    assert!(close(e2.decode.throughput_rps, 49.0 / 3.0), "{:?}", e2.decode);
+}
+
+#[test]
+fn colocated_is_infeasible_when_chunks_cannot_meet_ttft() {
+    // B = 1: chunk 10 tokens (clamped to 20 ms), iteration 30 ms, but the
+    // prompt needs 100 iterations: TTFT 3.03 s. Larger B breaks TPOT.
+    let e1 = estimate_tp(&profile(), &chat(), &stats(), 1);
+    assert!(!e1.colocated.feasible(), "{:?}", e1.colocated);
+}
+
+#[test]
+fn colocated_throughput_by_hand() {
+    // Loose SLOs: TTFT 10 s, TPOT 1 s; L_in = 100, L_out = 100, so the chunk
+    // is B tokens. B = 64 (axis max): chunk 64 -> clamped to the 100-token
+    // row, 20 ms; iteration 73 + 20 = 93 ms; TTFT = (ceil(100/64)+1) x 93.
+    let tier = Tier::slo_tier("loose", 10_000.0, 1_000.0, 1.0);
+    let e = estimate_tp(&profile(), &tier, &TierStats::new(1.0, 100.0, 100.0), 1);
+    assert_eq!(e.colocated.batch_requests, 64);
+    assert!(close(e.colocated.batch_ms, 93.0), "{:?}", e.colocated);
+    assert!(close(e.colocated.throughput_rps, (64.0 / 100.0) / 0.093));
+}
+
+#[test]
+fn background_tier_runs_the_largest_batches() {
+    let e = estimate_tp(&profile(), &Tier::background_tier("bg", 1.0), &stats(), 1);
+    // Prefill: at most floor(1000 / 1000) = 1 prompt per batch: 1 / 0.2 s.
+    assert!(close(e.prefill.throughput_rps, 5.0));
+    // Decode: B = 64, 73 ms: 64 / (100 x 0.073).
+    assert_eq!(e.decode.batch_requests, 64);
+    assert!(close(e.decode.throughput_rps, 64.0 / 7.3));
+}
+
+#[test]
+fn kv_capacity_bounds_the_decode_batch() {
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let p = tabulate(&[1], &axes, |_, t, _| t * 0.1, |_, b, _| 10.0 + b * 0.1, Some(11_000));
+    // 11,000 tokens / (1000 + 100) per request = 10 requests.
+    let e = estimate_tp(&p, &Tier::background_tier("bg", 1.0), &stats(), 1);
+    assert_eq!(e.decode.batch_requests, 10);
+}
+
+#[test]
+fn disaggregated_candidate_balances_stages() {
+    let p = profile();
+    let tiers = [chat()];
+    let est = estimate_all(&p, &tiers, &[stats()], &[1, 2]);
+    let cands = est[0].candidates();
+    // TP2 prefill (8.33 rps) + TP2 decode (16.33 rps): 2 prefill groups and
+    // 1 decode group serve min(16.67, 16.33) = 16.33 rps on 6 GPUs.
+    let c = cands
+        .iter()
+        .find(|c| {
+            matches!(
+                c.mode,
+                CandidateMode::Disaggregated {
+                    prefill_tp: 2,
+                    decode_tp: 2,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    assert_eq!(
+        c.mode,
+        CandidateMode::Disaggregated {
+            prefill_tp: 2,
+            decode_tp: 2,
+            prefill_groups: 2,
+            decode_groups: 1
+        }
+    );
+    assert!(close(c.throughput_rps, 49.0 / 3.0));
+    assert!(close(c.goodput_efficiency, 49.0 / 3.0 / 6.0));
+    // No TP1 prefill candidates: TP1 cannot meet the TTFT SLO.
+    assert!(!cands
+        .iter()
+        .any(|c| matches!(c.mode, CandidateMode::Disaggregated { prefill_tp: 1, .. })));
+}
+
+#[test]
+fn goodput_efficiency_is_capped_by_demand() {
+    let p = profile();
+    let est = estimate_all(&p, &[chat()], &[TierStats::new(2.0, 1000.0, 100.0)], &[1, 2]);
+    for c in est[0].candidates() {
+        assert!(c.goodput_efficiency <= 2.0 / f64::from(c.gpus) + 1e-12);
+    }
+}
+
+#[test]
+fn geometric_covers_range_and_ends_at_max() {
+    let v: Vec<u32> = geometric(20).collect();
+    assert_eq!(v.first(), Some(&1));
+    assert_eq!(v.last(), Some(&20));
+    assert!(v.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(geometric(0).count(), 0);
+    assert_eq!(geometric(1).collect::<Vec<_>>(), vec![1]);
+}

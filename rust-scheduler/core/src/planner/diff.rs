@@ -1,0 +1,62 @@
+//! Comparing plans: the objective, the hysteresis rule and per-GPU commands.
+
+use crate::estimator::TierEstimate;
+use crate::plan::{GpuCommand, GroupPlan, Plan, Role};
+use crate::tiers::Tier;
+
+/// Per tier: colocated capacity plus the balanced part of prefill/decode.
+pub fn tier_capacities(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
+    let mut parts = vec![(0.0, 0.0, 0.0); num_tiers];
+    for g in groups {
+        let p = &mut parts[g.tier];
+        match g.role {
+            Role::Colocated => p.0 += g.capacity_rps,
+            Role::Prefill => p.1 += g.capacity_rps,
+            Role::Decode => p.2 += g.capacity_rps,
+        }
+    }
+    parts.into_iter().map(|(c, p, d): (f64, f64, f64)| c + p.min(d)).collect()
+}
+
+/// Weighted goodput the plan can deliver: Σ_t weight_t · min(λ_t, capacity_t).
+pub fn objective(tiers: &[Tier], estimates: &[TierEstimate], plan: &Plan) -> f64 {
+    tiers
+        .iter()
+        .zip(estimates)
+        .zip(&plan.tier_capacity_rps)
+        .map(|((t, e), &cap)| t.weight * e.stats.arrival_rate.min(cap))
+        .sum()
+}
+
+/// Move only when the proposal beats the current plan by the margin.
+pub fn worth_moving(current: f64, proposed: f64, hysteresis: f64) -> bool {
+    proposed > current * (1.0 + hysteresis) + 1e-9
+}
+
+/// Commands for every GPU whose (tier, role, TP group) differs from `old`.
+pub fn commands(old: Option<&Plan>, new: &Plan) -> Vec<GpuCommand> {
+    let old_of_gpu = old.map(|p| (p, p.group_of_gpu()));
+    let mut out = Vec::new();
+    for g in &new.groups {
+        for gpu in g.gpus() {
+            let unchanged = old_of_gpu.as_ref().is_some_and(|(p, map)| {
+                map.get(gpu as usize)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|i| p.groups[i].same_assignment(g))
+            });
+            if !unchanged {
+                out.push(GpuCommand {
+                    gpu,
+                    tier: g.tier,
+                    role: g.role,
+                    tp: g.tp,
+                    group_first_gpu: g.first_gpu,
+                    batch_cap: g.batch_cap,
+                    token_cap: g.token_cap,
+                });
+            }
+        }
+    }
+    out
+}

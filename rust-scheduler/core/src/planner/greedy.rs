@@ -1,0 +1,346 @@
+//! Weighted greedy assignment of GPU groups to tiers (DESIGN.md §1.3).
+//!
+//! Phases, each repeatedly taking the best next TP group while GPUs remain:
+//! 0. every tier with demand gets one group, smallest feasible first, with
+//!    one GPU held back for each tier still waiting, so no tier starves;
+//! 1. SLO tiers with unmet demand: score = min(gain, unmet) / GPUs, times
+//!    the tier's weight and its unmet demand (the fairness weight);
+//! 2. background tiers with unmet demand, scored the same way;
+//! 3. leftovers: headroom to the tier with the least capacity per unit of
+//!    weighted demand, using its most GPU-efficient move.
+//!
+//! A tier's capacity is colocated + min(prefill, decode): a prefill group
+//! only adds capacity while decode keeps up, so moves include a
+//! prefill+decode pair.
+
+use crate::estimator::TierEstimate;
+use crate::plan::Role;
+use crate::tiers::Tier;
+use crate::topology::Allocator;
+
+/// A group chosen by the greedy, with where the greedy put it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Chosen {
+    pub tier: usize,
+    pub role: Role,
+    pub tp_index: usize,
+    pub first_gpu: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Move {
+    Single(Role, usize),
+    Pair(usize, usize),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Capacity {
+    colocated: f64,
+    prefill: f64,
+    decode: f64,
+}
+
+impl Capacity {
+    fn total(&self) -> f64 {
+        self.colocated + self.prefill.min(self.decode)
+    }
+}
+
+pub struct GreedyInput<'a> {
+    pub tiers: &'a [Tier],
+    pub estimates: &'a [TierEstimate],
+    pub tp_levels: &'a [u32],
+    /// Scale scores by unmet demand (DESIGN's w_t). Off only in ablations.
+    pub fairness_weighting: bool,
+    pub allow_colocated: bool,
+    pub allow_disaggregated: bool,
+}
+
+struct State<'a> {
+    input: &'a GreedyInput<'a>,
+    alloc: Allocator,
+    caps: Vec<Capacity>,
+    chosen: Vec<Chosen>,
+}
+
+impl<'a> State<'a> {
+    fn stage(&self, tier: usize, role: Role, tp_index: usize) -> f64 {
+        let e = &self.input.estimates[tier].per_tp[tp_index];
+        match role {
+            Role::Prefill => e.prefill.throughput_rps,
+            Role::Decode => e.decode.throughput_rps,
+            Role::Colocated => e.colocated.throughput_rps,
+        }
+    }
+
+    fn demand(&self, tier: usize) -> f64 {
+        self.input.estimates[tier].stats.arrival_rate
+    }
+
+    fn unmet(&self, tier: usize) -> f64 {
+        (self.demand(tier) - self.caps[tier].total()).max(0.0)
+    }
+
+    fn gpus(&self, m: Move) -> u32 {
+        let tp = |i: usize| self.input.tp_levels[i];
+        match m {
+            Move::Single(_, i) => tp(i),
+            Move::Pair(p, d) => tp(p) + tp(d),
+        }
+    }
+
+    fn gain(&self, tier: usize, m: Move) -> f64 {
+        let mut c = self.caps[tier];
+        let before = c.total();
+        let mut add = |role: Role, i: usize| {
+            let x = self.stage(tier, role, i);
+            match role {
+                Role::Prefill => c.prefill += x,
+                Role::Decode => c.decode += x,
+                Role::Colocated => c.colocated += x,
+            }
+        };
+        match m {
+            Move::Single(role, i) => add(role, i),
+            Move::Pair(p, d) => {
+                add(Role::Prefill, p);
+                add(Role::Decode, d);
+            }
+        }
+        c.total() - before
+    }
+
+    fn fits(&self, m: Move) -> bool {
+        let tp = |i: usize| self.input.tp_levels[i];
+        match m {
+            Move::Single(_, i) => self.alloc.available(tp(i)) >= 1,
+            Move::Pair(p, d) if p == d => self.alloc.available(tp(p)) >= 2,
+            Move::Pair(p, d) => self.alloc.available(tp(p)) >= 1 && self.alloc.available(tp(d)) >= 1,
+        }
+    }
+
+    fn moves(&self) -> Vec<Move> {
+        let n = self.input.tp_levels.len();
+        let mut out = Vec::with_capacity(n * (3 + n));
+        for i in 0..n {
+            if self.input.allow_colocated {
+                out.push(Move::Single(Role::Colocated, i));
+            }
+            if self.input.allow_disaggregated {
+                out.push(Move::Single(Role::Prefill, i));
+                out.push(Move::Single(Role::Decode, i));
+            }
+        }
+        if self.input.allow_disaggregated {
+            for p in 0..n {
+                for d in 0..n {
+                    out.push(Move::Pair(p, d));
+                }
+            }
+        }
+        out
+    }
+
+    /// Places the move's groups (largest first); undoes and returns false if
+    /// fragmentation prevents it.
+    fn apply(&mut self, tier: usize, m: Move) -> bool {
+        let parts: Vec<(Role, usize)> = match m {
+            Move::Single(role, i) => vec![(role, i)],
+            Move::Pair(p, d) => {
+                let mut v = vec![(Role::Prefill, p), (Role::Decode, d)];
+                v.sort_by_key(|&(_, i)| std::cmp::Reverse(self.input.tp_levels[i]));
+                v
+            }
+        };
+        let mut placed = Vec::with_capacity(parts.len());
+        for &(role, i) in &parts {
+            match self.alloc.allocate(self.input.tp_levels[i]) {
+                Some(first) => placed.push(Chosen {
+                    tier,
+                    role,
+                    tp_index: i,
+                    first_gpu: first,
+                }),
+                None => {
+                    for c in &placed {
+                        self.alloc.release(c.first_gpu, self.input.tp_levels[c.tp_index]);
+                    }
+                    return false;
+                }
+            }
+        }
+        for c in placed {
+            let x = self.stage(tier, c.role, c.tp_index);
+            let cap = &mut self.caps[tier];
+            match c.role {
+                Role::Prefill => cap.prefill += x,
+                Role::Decode => cap.decode += x,
+                Role::Colocated => cap.colocated += x,
+            }
+            self.chosen.push(c);
+        }
+        true
+    }
+
+    /// Repeatedly applies the best-scoring move over `tiers`; stops when no
+    /// move has a positive score.
+    fn run(&mut self, tiers: &[usize], moves: &[Move], score: impl Fn(&Self, usize, Move, f64) -> f64) {
+        let mut blocked: Vec<(usize, usize)> = Vec::new();
+        loop {
+            let mut best: Option<((f64, f64), usize, usize)> = None;
+            for &t in tiers {
+                for (mi, &m) in moves.iter().enumerate() {
+                    if blocked.contains(&(t, mi)) || !self.fits(m) {
+                        continue;
+                    }
+                    let gain = self.gain(t, m);
+                    if gain <= 0.0 {
+                        continue;
+                    }
+                    // Ties (several moves cover the unmet demand) go to the
+                    // move with the most capacity per GPU.
+                    let s = (score(self, t, m, gain), gain / f64::from(self.gpus(m)));
+                    if s.0 > 0.0 && best.is_none_or(|(b, _, _)| s > b) {
+                        best = Some((s, t, mi));
+                    }
+                }
+            }
+            let Some((_, t, mi)) = best else { return };
+            if self.apply(t, moves[mi]) {
+                blocked.clear();
+            } else {
+                blocked.push((t, mi));
+            }
+        }
+    }
+
+    fn weighted_unmet_score(&self, t: usize, m: Move, gain: f64) -> f64 {
+        let unmet = self.unmet(t);
+        let fairness = if self.input.fairness_weighting { unmet } else { 1.0 };
+        self.input.tiers[t].weight * fairness * gain.min(unmet) / f64::from(self.gpus(m))
+    }
+}
+
+/// Runs all phases. `alloc` starts empty (all GPUs free).
+pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
+    let mut s = State {
+        input,
+        alloc,
+        caps: vec![Capacity::default(); input.tiers.len()],
+        chosen: Vec::new(),
+    };
+    let moves = s.moves();
+    let slo: Vec<usize> = (0..input.tiers.len()).filter(|&t| !input.tiers[t].background).collect();
+    let background: Vec<usize> = (0..input.tiers.len()).filter(|&t| input.tiers[t].background).collect();
+
+    phase0_one_group_each(&mut s, &slo, &background, &moves);
+    s.run(
+        &slo,
+        &moves,
+        |s, t, m, g| if s.unmet(t) > 0.0 { s.weighted_unmet_score(t, m, g) } else { 0.0 },
+    );
+    s.run(&background, &moves, |s, t, m, g| {
+        if s.unmet(t) > 0.0 {
+            s.weighted_unmet_score(t, m, g)
+        } else {
+            0.0
+        }
+    });
+    phase3_leftovers(&mut s, &slo, &background, &moves);
+    s.chosen
+}
+
+fn phase0_one_group_each(s: &mut State, slo: &[usize], background: &[usize], moves: &[Move]) {
+    let by_load = |tiers: &[usize]| {
+        let mut v: Vec<usize> = tiers.iter().copied().filter(|&t| s.demand(t) > 0.0).collect();
+        v.sort_by(|&a, &b| {
+            let key = |t: usize| s.input.tiers[t].weight * s.demand(t);
+            key(b).total_cmp(&key(a)).then(a.cmp(&b))
+        });
+        v
+    };
+    let order: Vec<usize> = by_load(slo).into_iter().chain(by_load(background)).collect();
+    // With fewer GPUs than tiers, only the first `served` tiers can get one;
+    // each tier holds back one GPU for every served tier after it.
+    let served = order.len().min(s.alloc.free_gpus() as usize);
+    for (pos, &t) in order.iter().enumerate() {
+        let waiting_after = served.saturating_sub(pos + 1) as u32;
+        let budget = s.alloc.free_gpus().saturating_sub(waiting_after);
+        let demand = s.demand(t);
+        let mut best: Option<((f64, f64), Move)> = None;
+        for &m in moves {
+            // A lone prefill or decode group serves nothing; pairs do.
+            if matches!(m, Move::Single(Role::Prefill | Role::Decode, _)) || s.gpus(m) > budget || !s.fits(m) {
+                continue;
+            }
+            let gain = s.gain(t, m);
+            let gpus = f64::from(s.gpus(m));
+            let score = (gain.min(demand) / gpus, gain / gpus);
+            if gain > 0.0 && best.is_none_or(|(b, _)| score > b) {
+                best = Some((score, m));
+            }
+        }
+        let placed = best.is_some_and(|(_, m)| s.apply(t, m));
+        if !placed && budget >= 1 {
+            // Nothing meets the SLO within budget: a best-effort group.
+            let smallest = 0;
+            s.apply(t, Move::Single(Role::Colocated, smallest));
+        }
+    }
+}
+
+fn phase3_leftovers(s: &mut State, slo: &[usize], background: &[usize], moves: &[Move]) {
+    let with_demand = |tiers: &[usize]| tiers.iter().copied().filter(|&t| s.demand(t) > 0.0).collect::<Vec<_>>();
+    let mut takers = with_demand(slo);
+    if takers.is_empty() {
+        takers = with_demand(background);
+    }
+    let any_demand = !takers.is_empty();
+    if !any_demand {
+        takers = (0..s.input.tiers.len()).collect();
+    }
+    while s.alloc.free_gpus() > 0 {
+        // Least covered first: capacity per weighted demand, or GPUs per
+        // weight when nobody has demand (a fresh start spreads evenly).
+        let coverage = |s: &State, t: usize| {
+            let w = s.input.tiers[t].weight;
+            if any_demand {
+                s.caps[t].total() / (w * s.demand(t))
+            } else {
+                f64::from(
+                    s.chosen
+                        .iter()
+                        .filter(|c| c.tier == t)
+                        .map(|c| s.input.tp_levels[c.tp_index])
+                        .sum::<u32>(),
+                ) / w
+            }
+        };
+        let mut order = takers.clone();
+        order.sort_by(|&a, &b| coverage(s, a).total_cmp(&coverage(s, b)).then(a.cmp(&b)));
+        let mut progressed = false;
+        'tiers: for &t in &order {
+            let mut ranked: Vec<(f64, Move)> = moves
+                .iter()
+                .filter(|&&m| s.fits(m))
+                .map(|&m| (s.gain(t, m) / f64::from(s.gpus(m)), m))
+                .filter(|&(g, _)| g > 0.0)
+                .collect();
+            ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (_, m) in ranked {
+                if s.apply(t, m) {
+                    progressed = true;
+                    break 'tiers;
+                }
+            }
+        }
+        if !progressed {
+            // No tier can use what is left to meet an SLO: hand it out as
+            // best-effort single-GPU groups, least covered tier first.
+            let t = order[0];
+            if !s.apply(t, Move::Single(Role::Colocated, 0)) {
+                return;
+            }
+        }
+    }
+}

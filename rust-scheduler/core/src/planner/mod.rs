@@ -1,0 +1,289 @@
+//! The planner: every control window, estimate each tier's candidates, assign
+//! GPU groups with the weighted greedy, and commit the result only if it
+//! beats the current plan by the hysteresis margin (DESIGN.md §1).
+
+mod diff;
+mod greedy;
+mod placement;
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::estimator::{estimate_all, TierEstimate, TpEstimate};
+use crate::plan::{GpuCommand, GroupPlan, Plan, Role};
+use crate::profile::Profile;
+use crate::stats::TierStats;
+use crate::tiers::{Tier, TierSet};
+use crate::topology::{Allocator, Cluster, MAX_GPUS_PER_NODE};
+
+pub use diff::objective;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum PlanError {
+    #[error("got stats for {got} tiers, the tier config has {expected}")]
+    StatsCount { got: usize, expected: usize },
+    #[error("stats for tier {tier:?}: {reason}")]
+    BadStats { tier: String, reason: String },
+    #[error("no usable TP level: the profile has {profile:?}, the config allows {allowed:?}, the largest node has {largest_node} GPUs")]
+    NoTpLevel {
+        profile: Vec<u32>,
+        allowed: Vec<u32>,
+        largest_node: u32,
+    },
+    #[error("bad planner config: {0}")]
+    Config(String),
+}
+
+/// Planner settings; each default is written once, here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannerConfig {
+    /// TP levels the planner may use (further limited by profile and nodes).
+    pub tp_levels: Vec<u32>,
+    /// A new plan replaces the current one only if its weighted goodput is
+    /// higher by this fraction, so GPUs do not flap on noise.
+    pub hysteresis: f64,
+    pub fairness_weighting: bool,
+    pub allow_colocated: bool,
+    pub allow_disaggregated: bool,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        Self {
+            tp_levels: vec![1, 2, 4, 8],
+            hysteresis: 0.05,
+            fairness_weighting: true,
+            allow_colocated: true,
+            allow_disaggregated: true,
+        }
+    }
+}
+
+/// What one control-window step decided.
+#[derive(Debug, Clone)]
+pub struct PlanOutcome {
+    /// The committed plan (the new one, or the current one kept).
+    pub plan: Plan,
+    pub changed: bool,
+    /// Per-GPU commands for GPUs whose assignment changed.
+    pub commands: Vec<GpuCommand>,
+    /// Weighted goodput of the proposal and of the current plan, under the
+    /// same (new) stats.
+    pub proposed_objective: f64,
+    pub current_objective: Option<f64>,
+    pub estimates: Vec<TierEstimate>,
+}
+
+pub struct Planner {
+    profile: Arc<Profile>,
+    tiers: TierSet,
+    cluster: Cluster,
+    config: PlannerConfig,
+    tp_levels: Vec<u32>,
+    current: Option<Plan>,
+}
+
+impl Planner {
+    pub fn new(profile: Arc<Profile>, tiers: TierSet, cluster: Cluster, config: PlannerConfig) -> Result<Self, PlanError> {
+        if !(config.hysteresis.is_finite() && config.hysteresis >= 0.0) {
+            return Err(PlanError::Config(format!(
+                "hysteresis = {}: must be a finite number >= 0",
+                config.hysteresis
+            )));
+        }
+        if !config.allow_colocated && !config.allow_disaggregated {
+            return Err(PlanError::Config("both colocated and disaggregated groups are disabled".into()));
+        }
+        let largest_node = cluster.node_sizes().iter().copied().max().unwrap_or(0).min(MAX_GPUS_PER_NODE);
+        let profile_levels = profile.tp_levels();
+        let tp_levels: Vec<u32> = profile_levels
+            .iter()
+            .copied()
+            .filter(|tp| tp.is_power_of_two() && config.tp_levels.contains(tp) && *tp <= largest_node)
+            .collect();
+        if tp_levels.is_empty() {
+            return Err(PlanError::NoTpLevel {
+                profile: profile_levels,
+                allowed: config.tp_levels.clone(),
+                largest_node,
+            });
+        }
+        Ok(Self {
+            profile,
+            tiers,
+            cluster,
+            config,
+            tp_levels,
+            current: None,
+        })
+    }
+
+    pub fn tiers(&self) -> &TierSet {
+        &self.tiers
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    pub fn profile(&self) -> &Arc<Profile> {
+        &self.profile
+    }
+
+    /// TP levels in use: profile ∩ config ∩ node sizes.
+    pub fn tp_levels(&self) -> &[u32] {
+        &self.tp_levels
+    }
+
+    pub fn current(&self) -> Option<&Plan> {
+        self.current.as_ref()
+    }
+
+    /// Forgets the current plan: the next step adopts its proposal.
+    pub fn reset(&mut self) {
+        self.current = None;
+    }
+
+    pub fn estimate(&self, stats: &[TierStats]) -> Result<Vec<TierEstimate>, PlanError> {
+        check_stats(self.tiers.tiers(), stats)?;
+        Ok(estimate_all(&self.profile, self.tiers.tiers(), stats, &self.tp_levels))
+    }
+
+    /// The plan the greedy would choose from scratch, without hysteresis.
+    pub fn propose(&self, stats: &[TierStats]) -> Result<(Plan, Vec<TierEstimate>), PlanError> {
+        let estimates = self.estimate(stats)?;
+        let plan = self.propose_from(&estimates);
+        Ok((plan, estimates))
+    }
+
+    fn propose_from(&self, estimates: &[TierEstimate]) -> Plan {
+        let input = greedy::GreedyInput {
+            tiers: self.tiers.tiers(),
+            estimates,
+            tp_levels: &self.tp_levels,
+            fairness_weighting: self.config.fairness_weighting,
+            allow_colocated: self.config.allow_colocated,
+            allow_disaggregated: self.config.allow_disaggregated,
+        };
+        let chosen = greedy::assign(&input, Allocator::new(&self.cluster));
+        let groups: Vec<(usize, Role, u32, u32)> = chosen
+            .iter()
+            .map(|c| (c.tier, c.role, self.tp_levels[c.tp_index], c.first_gpu))
+            .collect();
+        let placed = match &self.current {
+            Some(cur) => placement::stable(&self.cluster, cur, &groups).unwrap_or(groups),
+            None => groups,
+        };
+        self.build_plan(&placed, estimates)
+    }
+
+    /// One control-window step: propose, compare with the current plan under
+    /// the same stats, commit the proposal if it wins by the margin.
+    pub fn step(&mut self, stats: &[TierStats]) -> Result<PlanOutcome, PlanError> {
+        let estimates = self.estimate(stats)?;
+        let proposal = self.propose_from(&estimates);
+        let proposed_objective = objective(self.tiers.tiers(), &estimates, &proposal);
+        let current = self.current.as_ref().map(|cur| {
+            let refreshed = self.refresh(cur, &estimates);
+            let obj = objective(self.tiers.tiers(), &estimates, &refreshed);
+            (refreshed, obj)
+        });
+        let (plan, changed, current_objective) = match current {
+            Some((refreshed, cur_obj)) if !diff::worth_moving(cur_obj, proposed_objective, self.config.hysteresis) => {
+                (refreshed, false, Some(cur_obj))
+            }
+            Some((_, cur_obj)) => (proposal, true, Some(cur_obj)),
+            None => (proposal, true, None),
+        };
+        let commands = diff::commands(self.current.as_ref(), &plan);
+        let changed = changed && !commands.is_empty();
+        self.current = Some(plan.clone());
+        Ok(PlanOutcome {
+            plan,
+            changed,
+            commands,
+            proposed_objective,
+            current_objective,
+            estimates,
+        })
+    }
+
+    /// The current plan's groups with capacities and caps recomputed under
+    /// new estimates.
+    fn refresh(&self, plan: &Plan, estimates: &[TierEstimate]) -> Plan {
+        let groups: Vec<(usize, Role, u32, u32)> = plan.groups.iter().map(|g| (g.tier, g.role, g.tp, g.first_gpu)).collect();
+        self.build_plan(&groups, estimates)
+    }
+
+    fn build_plan(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate]) -> Plan {
+        let tiers = self.tiers.tiers();
+        let mut out: Vec<GroupPlan> = groups
+            .iter()
+            .map(|&(tier, role, tp, first_gpu)| {
+                let e = estimates[tier].at(tp).expect("planned TP levels were estimated");
+                group_plan(&tiers[tier], e, tier, role, first_gpu)
+            })
+            .collect();
+        out.sort_by_key(|g| g.first_gpu);
+        let tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
+        Plan {
+            num_gpus: self.cluster.num_gpus(),
+            groups: out,
+            tier_capacity_rps,
+        }
+    }
+}
+
+fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {
+    if stats.len() != tiers.len() {
+        return Err(PlanError::StatsCount {
+            got: stats.len(),
+            expected: tiers.len(),
+        });
+    }
+    for (t, s) in tiers.iter().zip(stats) {
+        s.validate().map_err(|reason| PlanError::BadStats {
+            tier: t.name.clone(),
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+/// A group's capacity, batch caps and SLO budget from its estimate.
+fn group_plan(tier: &Tier, e: &TpEstimate, tier_id: usize, role: Role, first_gpu: u32) -> GroupPlan {
+    let stage = match role {
+        Role::Prefill => e.prefill,
+        Role::Decode => e.decode,
+        Role::Colocated => e.colocated,
+    };
+    let slo_budget = if !stage.feasible() {
+        0
+    } else {
+        match role {
+            // One batch running and one queued: the estimator's TTFT model.
+            Role::Prefill => 2 * u64::from(stage.batch_tokens),
+            Role::Decode => u64::from(stage.batch_requests),
+            // Prompt tokens the chunked prefill can absorb before the newest
+            // request's TTFT runs out (two batches for background tiers).
+            Role::Colocated => {
+                let iterations = tier.ttft_ms.map_or(2.0, |ttft| (ttft / stage.batch_ms - 1.0).floor().max(1.0));
+                (f64::from(stage.batch_tokens) * iterations) as u64
+            }
+        }
+    };
+    GroupPlan {
+        tier: tier_id,
+        role,
+        tp: e.tp,
+        first_gpu,
+        capacity_rps: stage.throughput_rps,
+        batch_cap: stage.batch_requests.max(1),
+        token_cap: if role == Role::Decode { 0 } else { stage.batch_tokens },
+        slo_budget,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+use super::*;
+use crate::profile::synthetic::{self, tabulate, Axes};
+
+fn planner(tiers: Vec<Tier>, gpus: u32) -> Planner {
+    let set = TierSet::new(tiers, "test").unwrap();
+    Planner::new(
+        Arc::new(synthetic::llama8b_like()),
+        set,
+        Cluster::uniform(gpus, 8).unwrap(),
+        PlannerConfig::default(),
+    )
+    .unwrap()
+}
+
+fn check_plan_shape(plan: &Plan, cluster: &Cluster) {
+    let mut seen = vec![false; plan.num_gpus as usize];
+    for g in &plan.groups {
+        cluster.check_group(g.first_gpu, g.tp).unwrap();
+        for gpu in g.gpus() {
+            assert!(!seen[gpu as usize], "GPU {gpu} in two groups");
+            seen[gpu as usize] = true;
+        }
+    }
+}
+
+#[test]
+fn assigns_every_gpu_and_meets_modest_demand() {
+    let mut p = planner(vec![Tier::slo_tier("chat", 1000.0, 60.0, 1.0)], 8);
+    let out = p.step(&[TierStats::new(3.0, 512.0, 128.0)]).unwrap();
+    check_plan_shape(&out.plan, p.cluster());
+    assert_eq!(out.plan.gpus_of_tier(0), 8);
+    assert!(out.plan.tier_capacity_rps[0] >= 3.0, "{:?}", out.plan);
+    assert!(out.changed);
+    assert_eq!(out.commands.len(), 8);
+}
+
+#[test]
+fn picks_tp2_when_only_tp2_meets_the_slo() {
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let profile = tabulate(
+        &[1, 2],
+        &axes,
+        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
+        |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
+        None,
+    );
+    let tiers = TierSet::new(vec![Tier::slo_tier("chat", 300.0, 30.0, 1.0)], "t").unwrap();
+    let mut p = Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap();
+    let out = p.step(&[TierStats::new(20.0, 1000.0, 100.0)]).unwrap();
+    for g in &out.plan.groups {
+        if g.role.takes_prefill() && g.capacity_rps > 0.0 {
+            assert_eq!(g.tp, 2, "prefill at TP1 cannot meet TTFT: {g:?}");
+        }
+    }
+    assert!(out.plan.tier_capacity_rps[0] > 0.0);
+}
+
+#[test]
+fn hysteresis_keeps_the_plan_under_small_changes() {
+    let tiers = vec![
+        Tier::slo_tier("chat", 800.0, 50.0, 2.0),
+        Tier::slo_tier("agent", 4000.0, 150.0, 1.0),
+    ];
+    let mut p = planner(tiers, 16);
+    let first = p
+        .step(&[TierStats::new(10.0, 800.0, 150.0), TierStats::new(5.0, 2000.0, 300.0)])
+        .unwrap();
+    let second = p
+        .step(&[TierStats::new(10.3, 820.0, 150.0), TierStats::new(4.9, 2000.0, 290.0)])
+        .unwrap();
+    assert!(!second.changed, "{second:?}");
+    assert!(second.commands.is_empty());
+    let firsts: Vec<_> = first.plan.groups.iter().map(|g| (g.tier, g.role, g.tp, g.first_gpu)).collect();
+    let seconds: Vec<_> = second.plan.groups.iter().map(|g| (g.tier, g.role, g.tp, g.first_gpu)).collect();
+    assert_eq!(firsts, seconds);
+}
+
+#[test]
+fn a_real_shift_moves_only_the_gpus_that_change() {
+    let tiers = vec![
+        Tier::slo_tier("chat", 800.0, 50.0, 1.0),
+        Tier::slo_tier("agent", 4000.0, 150.0, 1.0),
+    ];
+    let mut p = planner(tiers, 16);
+    p.step(&[TierStats::new(20.0, 800.0, 150.0), TierStats::new(1.0, 2000.0, 300.0)])
+        .unwrap();
+    let before = p.current().unwrap().clone();
+    let out = p
+        .step(&[TierStats::new(1.0, 800.0, 150.0), TierStats::new(30.0, 2000.0, 300.0)])
+        .unwrap();
+    assert!(out.changed);
+    check_plan_shape(&out.plan, p.cluster());
+    assert!(out.plan.gpus_of_tier(1) > before.gpus_of_tier(1));
+    assert!(out.commands.len() < 16, "stable placement keeps some GPUs: {:?}", out.commands);
+    // Every command is for a GPU whose assignment really changed.
+    let old = before.group_of_gpu();
+    for c in &out.commands {
+        let g = &before.groups[old[c.gpu as usize].unwrap()];
+        assert!(!(g.tier == c.tier && g.role == c.role && g.tp == c.tp && g.first_gpu == c.group_first_gpu));
+    }
+}
+
+#[test]
+fn no_demand_spreads_gpus_over_tiers() {
+    let tiers = vec![
+        Tier::slo_tier("a", 800.0, 50.0, 1.0),
+        Tier::slo_tier("b", 800.0, 50.0, 1.0),
+        Tier::background_tier("c", 1.0),
+    ];
+    let mut p = planner(tiers, 6);
+    let out = p.step(&[TierStats::new(0.0, 512.0, 128.0); 3]).unwrap();
+    for t in 0..3 {
+        assert_eq!(out.plan.gpus_of_tier(t), 2, "{:?}", out.plan);
+    }
+}
+
+#[test]
+fn bad_stats_are_rejected_naming_the_tier() {
+    let mut p = planner(vec![Tier::slo_tier("chat", 800.0, 50.0, 1.0)], 8);
+    assert_eq!(p.step(&[]).unwrap_err(), PlanError::StatsCount { got: 0, expected: 1 });
+    let e = p.step(&[TierStats::new(f64::NAN, 10.0, 10.0)]).unwrap_err().to_string();
+    assert!(e.contains("chat") && e.contains("arrival_rate"), "{e}");
+}
+
+#[test]
+fn tp_levels_are_limited_by_node_size_and_config() {
+    let set = TierSet::new(vec![Tier::slo_tier("chat", 800.0, 50.0, 1.0)], "t").unwrap();
+    let prof = Arc::new(synthetic::llama8b_like());
+    let p = Planner::new(
+        prof.clone(),
+        set.clone(),
+        Cluster::new(vec![2, 2]).unwrap(),
+        PlannerConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(p.tp_levels(), &[1, 2]);
+    let cfg = PlannerConfig {
+        tp_levels: vec![16],
+        ..PlannerConfig::default()
+    };
+    assert!(matches!(
+        Planner::new(prof, set, Cluster::new(vec![2]).unwrap(), cfg),
+        Err(PlanError::NoTpLevel { .. })
+    ));
+}

@@ -1,0 +1,285 @@
+//! SLO tiers, from TOML:
+//!
+//! ```toml
+//! [[tier]]
+//! name = "chat"
+//! ttft_ms = 500
+//! tpot_ms = 50
+//! weight = 2.0          # optional, default 1.0
+//! api_keys = ["sk-chat"] # optional
+//!
+//! [[tier]]
+//! name = "batch"
+//! background = true     # no SLOs: takes leftover capacity
+//! ```
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Index of a tier in its [`TierSet`] (the order of the config file).
+pub type TierId = usize;
+
+#[derive(Debug, Error, PartialEq)]
+pub enum TierConfigError {
+    #[error("{file}: cannot read tier config: {message}")]
+    Io { file: String, message: String },
+    #[error("{file}: not a valid tier config: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: tier {tier:?}: field `{field}` = {value}: {reason}")]
+    Invalid {
+        file: String,
+        tier: String,
+        field: String,
+        value: String,
+        reason: String,
+    },
+    #[error("{file}: {reason}")]
+    Set { file: String, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tier {
+    pub name: String,
+    /// `None` for background tiers, which have no SLO.
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub background: bool,
+    pub weight: f64,
+    pub api_keys: Vec<String>,
+}
+
+impl Tier {
+    pub fn slo_tier(name: &str, ttft_ms: f64, tpot_ms: f64, weight: f64) -> Self {
+        Self {
+            name: name.to_string(),
+            ttft_ms: Some(ttft_ms),
+            tpot_ms: Some(tpot_ms),
+            background: false,
+            weight,
+            api_keys: Vec::new(),
+        }
+    }
+
+    pub fn background_tier(name: &str, weight: f64) -> Self {
+        Self {
+            name: name.to_string(),
+            ttft_ms: None,
+            tpot_ms: None,
+            background: true,
+            weight,
+            api_keys: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierSet {
+    tiers: Vec<Tier>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTierFile {
+    tier: Vec<RawTier>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    name: String,
+    ttft_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+    #[serde(default)]
+    background: bool,
+    #[serde(default = "default_weight")]
+    weight: f64,
+    #[serde(default)]
+    api_keys: Vec<String>,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+impl TierSet {
+    pub fn load(path: &str) -> Result<Self, TierConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| TierConfigError::Io {
+            file: path.to_string(),
+            message: e.to_string(),
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, TierConfigError> {
+        let raw: RawTierFile = toml::from_str(text).map_err(|e| TierConfigError::Parse {
+            file: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let tiers = raw
+            .tier
+            .into_iter()
+            .map(|t| Tier {
+                name: t.name,
+                ttft_ms: t.ttft_ms,
+                tpot_ms: t.tpot_ms,
+                background: t.background,
+                weight: t.weight,
+                api_keys: t.api_keys,
+            })
+            .collect();
+        Self::new(tiers, origin)
+    }
+
+    /// Validates a tier list; `origin` names it in errors.
+    pub fn new(tiers: Vec<Tier>, origin: &str) -> Result<Self, TierConfigError> {
+        let set_err = |reason: String| TierConfigError::Set {
+            file: origin.to_string(),
+            reason,
+        };
+        if tiers.is_empty() {
+            return Err(set_err("no tiers: define at least one [[tier]]".into()));
+        }
+        for (i, t) in tiers.iter().enumerate() {
+            let bad = |field: &str, value: String, reason: &str| TierConfigError::Invalid {
+                file: origin.to_string(),
+                tier: t.name.clone(),
+                field: field.to_string(),
+                value,
+                reason: reason.to_string(),
+            };
+            let name_ok = !t.name.is_empty() && t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !name_ok {
+                return Err(bad(
+                    "name",
+                    format!("{:?}", t.name),
+                    "must be non-empty ASCII letters, digits, '-' or '_'",
+                ));
+            }
+            if tiers[..i].iter().any(|o| o.name == t.name) {
+                return Err(bad("name", format!("{:?}", t.name), "duplicate tier name"));
+            }
+            if !(t.weight.is_finite() && t.weight > 0.0) {
+                return Err(bad("weight", t.weight.to_string(), "must be a finite number > 0"));
+            }
+            for (field, v) in [("ttft_ms", t.ttft_ms), ("tpot_ms", t.tpot_ms)] {
+                match (t.background, v) {
+                    (true, Some(v)) => {
+                        return Err(bad(
+                            field,
+                            v.to_string(),
+                            "a background tier has no SLO; remove it or set background = false",
+                        ))
+                    }
+                    (false, None) => return Err(bad(field, "missing".into(), "required for a tier that is not background")),
+                    (false, Some(v)) if !(v.is_finite() && v > 0.0) => {
+                        return Err(bad(field, v.to_string(), "must be a finite number of milliseconds > 0"))
+                    }
+                    _ => {}
+                }
+            }
+            for key in &t.api_keys {
+                if key.trim().is_empty() {
+                    return Err(bad("api_keys", format!("{key:?}"), "an API key must not be empty"));
+                }
+                if let Some(other) = tiers[..=i].iter().find(|o| {
+                    let n = o.api_keys.iter().filter(|k| *k == key).count();
+                    (o.name == t.name && n > 1) || (o.name != t.name && n > 0)
+                }) {
+                    return Err(bad(
+                        "api_keys",
+                        format!("{key:?}"),
+                        &format!("key already used by tier {:?}", other.name),
+                    ));
+                }
+            }
+        }
+        Ok(Self { tiers })
+    }
+
+    pub fn tiers(&self) -> &[Tier] {
+        &self.tiers
+    }
+
+    pub fn len(&self) -> usize {
+        self.tiers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tiers.is_empty()
+    }
+
+    pub fn get(&self, id: TierId) -> Option<&Tier> {
+        self.tiers.get(id)
+    }
+
+    /// The tier's id, or an error listing the valid names.
+    pub fn id_of(&self, name: &str) -> Result<TierId, String> {
+        self.tiers.iter().position(|t| t.name == name).ok_or_else(|| {
+            let names: Vec<&str> = self.tiers.iter().map(|t| t.name.as_str()).collect();
+            format!("unknown tier {name:?}; valid tiers: {names:?}")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [[tier]]
+        name = "chat"
+        ttft_ms = 500
+        tpot_ms = 50
+        weight = 2.0
+        api_keys = ["k1"]
+
+        [[tier]]
+        name = "batch"
+        background = true
+    "#;
+
+    #[test]
+    fn parses_a_valid_file() {
+        let set = TierSet::from_toml(GOOD, "t.toml").unwrap();
+        assert_eq!(set.len(), 2);
+        assert_eq!(set.tiers()[0].ttft_ms, Some(500.0));
+        assert_eq!(set.tiers()[1].weight, 1.0);
+        assert!(set.tiers()[1].background);
+        assert_eq!(set.id_of("batch"), Ok(1));
+        assert!(set.id_of("nope").unwrap_err().contains("valid tiers"));
+    }
+
+    fn err(text: &str) -> String {
+        TierSet::from_toml(text, "t.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn rejects_unknown_fields() {
+        let e = err("[[tier]]\nname='a'\nttft_ms=1\ntpot_ms=1\nttft=3\n");
+        assert!(e.contains("unknown field") && e.contains("ttft"), "{e}");
+    }
+
+    #[test]
+    fn rejects_impossible_values_naming_the_field() {
+        let e = err("[[tier]]\nname='a'\nttft_ms=-5\ntpot_ms=1\n");
+        assert!(e.contains("`ttft_ms` = -5") && e.contains("\"a\""), "{e}");
+        let e = err("[[tier]]\nname='a'\nttft_ms=5\ntpot_ms=1\nweight=0\n");
+        assert!(e.contains("`weight` = 0"), "{e}");
+        let e = err("[[tier]]\nname='a'\ntpot_ms=1\n");
+        assert!(e.contains("`ttft_ms` = missing"), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\nttft_ms=3\n");
+        assert!(e.contains("background tier has no SLO"), "{e}");
+        let e = err("[[tier]]\nname='a b'\nbackground=true\n");
+        assert!(e.contains("`name`"), "{e}");
+    }
+
+    #[test]
+    fn rejects_duplicates() {
+        let e = err("[[tier]]\nname='a'\nbackground=true\n[[tier]]\nname='a'\nbackground=true\n");
+        assert!(e.contains("duplicate tier name"), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\napi_keys=['k']\n[[tier]]\nname='b'\nbackground=true\napi_keys=['k']\n");
+        assert!(e.contains("already used by tier \"a\""), "{e}");
+        let e = err("tier = []\n");
+        assert!(e.contains("no tiers"), "{e}");
+    }
+}

@@ -1,0 +1,284 @@
+//! The GPU pool: nodes of 1–8 GPUs, numbered globally in node order. TP
+//! groups are aligned, contiguous power-of-two GPU sets inside one node
+//! ({0,1}, {2,3}, {0..3}, ...), which is what NVLink islands and the
+//! interleaved weight layout both assume.
+
+use thiserror::Error;
+
+pub const MAX_GPUS_PER_NODE: u32 = 8;
+
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum TopologyError {
+    #[error("node {node} has {gpus} GPUs; a node must have 1 to {MAX_GPUS_PER_NODE}")]
+    BadNodeSize { node: usize, gpus: u32 },
+    #[error("a cluster needs at least one node")]
+    Empty,
+    #[error("TP group at GPU {first} of size {tp}: {reason}")]
+    BadGroup { first: u32, tp: u32, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    node_sizes: Vec<u32>,
+    node_first_gpu: Vec<u32>,
+}
+
+impl Cluster {
+    pub fn new(node_sizes: Vec<u32>) -> Result<Self, TopologyError> {
+        if node_sizes.is_empty() {
+            return Err(TopologyError::Empty);
+        }
+        let mut first = Vec::with_capacity(node_sizes.len());
+        let mut next = 0;
+        for (node, &gpus) in node_sizes.iter().enumerate() {
+            if gpus == 0 || gpus > MAX_GPUS_PER_NODE {
+                return Err(TopologyError::BadNodeSize { node, gpus });
+            }
+            first.push(next);
+            next += gpus;
+        }
+        Ok(Self {
+            node_sizes,
+            node_first_gpu: first,
+        })
+    }
+
+    /// `gpus` GPUs in nodes of `per_node` (the last node takes the remainder).
+    pub fn uniform(gpus: u32, per_node: u32) -> Result<Self, TopologyError> {
+        if gpus == 0 {
+            return Err(TopologyError::Empty);
+        }
+        let per_node = per_node.clamp(1, MAX_GPUS_PER_NODE);
+        let mut sizes = vec![per_node; (gpus / per_node) as usize];
+        if gpus % per_node != 0 {
+            sizes.push(gpus % per_node);
+        }
+        Self::new(sizes)
+    }
+
+    pub fn num_gpus(&self) -> u32 {
+        self.node_sizes.iter().sum()
+    }
+
+    pub fn node_sizes(&self) -> &[u32] {
+        &self.node_sizes
+    }
+
+    pub fn node_first_gpu(&self, node: usize) -> u32 {
+        self.node_first_gpu[node]
+    }
+
+    /// The node holding global GPU `gpu`.
+    pub fn node_of(&self, gpu: u32) -> Option<usize> {
+        if gpu >= self.num_gpus() {
+            return None;
+        }
+        Some(self.node_first_gpu.partition_point(|&f| f <= gpu) - 1)
+    }
+
+    /// Checks a TP group: power-of-two size, aligned, inside one node.
+    pub fn check_group(&self, first: u32, tp: u32) -> Result<(), TopologyError> {
+        let bad = |reason: String| TopologyError::BadGroup { first, tp, reason };
+        if tp == 0 || !tp.is_power_of_two() || tp > MAX_GPUS_PER_NODE {
+            return Err(bad(format!("size must be a power of two from 1 to {MAX_GPUS_PER_NODE}")));
+        }
+        let node = self
+            .node_of(first)
+            .ok_or_else(|| bad(format!("GPU {first} does not exist (cluster has {})", self.num_gpus())))?;
+        let local = first - self.node_first_gpu[node];
+        if local % tp != 0 {
+            return Err(bad(format!(
+                "not aligned: local index {local} in node {node} is not a multiple of {tp}"
+            )));
+        }
+        if local + tp > self.node_sizes[node] {
+            return Err(bad(format!("does not fit in node {node} of {} GPUs", self.node_sizes[node])));
+        }
+        Ok(())
+    }
+}
+
+/// Free aligned blocks per node, as bitmasks (bit i = local GPU i is free).
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    sizes: Vec<u32>,
+    first: Vec<u32>,
+    free: Vec<u8>,
+    /// blocks[s] = number of free aligned blocks of size 2^s, all nodes.
+    blocks: [u32; 4],
+}
+
+fn block_mask(local: u32, tp: u32) -> u8 {
+    (((1u32 << tp) - 1) << local) as u8
+}
+
+fn count_blocks(size: u32, free: u8) -> [u32; 4] {
+    let mut out = [0; 4];
+    for (s, slot) in out.iter_mut().enumerate() {
+        let tp = 1u32 << s;
+        let mut local = 0;
+        while local + tp <= size {
+            let m = block_mask(local, tp);
+            if free & m == m {
+                *slot += 1;
+            }
+            local += tp;
+        }
+    }
+    out
+}
+
+/// Size of the largest fully-free aligned block inside the node that
+/// contains the free block (local, tp).
+fn enclosing_free_block(node_size: u32, free: u8, local: u32, tp: u32) -> u32 {
+    let mut level = tp;
+    while level * 2 <= MAX_GPUS_PER_NODE {
+        let start = local / (level * 2) * (level * 2);
+        let m = block_mask(start, level * 2);
+        if start + level * 2 > node_size || free & m != m {
+            break;
+        }
+        level *= 2;
+    }
+    level
+}
+
+impl Allocator {
+    pub fn new(cluster: &Cluster) -> Self {
+        let sizes = cluster.node_sizes().to_vec();
+        let free: Vec<u8> = sizes.iter().map(|&s| ((1u32 << s) - 1) as u8).collect();
+        let first = (0..sizes.len()).map(|n| cluster.node_first_gpu(n)).collect();
+        let mut blocks = [0; 4];
+        for (n, &f) in free.iter().enumerate() {
+            for (b, c) in blocks.iter_mut().zip(count_blocks(sizes[n], f)) {
+                *b += c;
+            }
+        }
+        Self {
+            sizes,
+            first,
+            free,
+            blocks,
+        }
+    }
+
+    pub fn free_gpus(&self) -> u32 {
+        self.free.iter().map(|f| f.count_ones()).sum()
+    }
+
+    /// Free aligned blocks of size `tp` (disjoint by alignment).
+    pub fn available(&self, tp: u32) -> u32 {
+        self.blocks[tp.trailing_zeros() as usize]
+    }
+
+    fn set_free(&mut self, node: usize, new_free: u8) {
+        let old = count_blocks(self.sizes[node], self.free[node]);
+        let new = count_blocks(self.sizes[node], new_free);
+        for s in 0..4 {
+            self.blocks[s] = self.blocks[s] - old[s] + new[s];
+        }
+        self.free[node] = new_free;
+    }
+
+    /// Buddy best fit: among free aligned blocks of `tp`, the one inside the
+    /// smallest fully-free aligned block (so large blocks stay whole), then
+    /// the node with the fewest free GPUs, then the lowest offset. Returns
+    /// the first global GPU.
+    pub fn allocate(&mut self, tp: u32) -> Option<u32> {
+        if self.available(tp) == 0 {
+            return None;
+        }
+        let mut best: Option<((u32, u32), usize, u32)> = None;
+        for (node, &free) in self.free.iter().enumerate() {
+            let size = self.sizes[node];
+            let mut local = 0;
+            while local + tp <= size {
+                let m = block_mask(local, tp);
+                if free & m == m {
+                    let key = (enclosing_free_block(size, free, local, tp), free.count_ones());
+                    if best.is_none_or(|(b, _, _)| key < b) {
+                        best = Some((key, node, local));
+                    }
+                }
+                local += tp;
+            }
+        }
+        let (_, node, local) = best?;
+        self.set_free(node, self.free[node] & !block_mask(local, tp));
+        Some(self.first[node] + local)
+    }
+
+    /// (node, local mask) of an aligned group inside this allocator's nodes.
+    fn locate(&self, first: u32, tp: u32) -> Option<(usize, u8)> {
+        if tp == 0 || !tp.is_power_of_two() || tp > MAX_GPUS_PER_NODE {
+            return None;
+        }
+        let node = self.first.partition_point(|&f| f <= first).checked_sub(1)?;
+        let local = first - self.first[node];
+        (local % tp == 0 && local + tp <= self.sizes[node]).then(|| (node, block_mask(local, tp)))
+    }
+
+    /// Takes a specific aligned group if all its GPUs are free.
+    pub fn take(&mut self, first: u32, tp: u32) -> bool {
+        match self.locate(first, tp) {
+            Some((node, m)) if self.free[node] & m == m => {
+                self.set_free(node, self.free[node] & !m);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Returns an allocated group.
+    pub fn release(&mut self, first: u32, tp: u32) {
+        let (node, m) = self.locate(first, tp).expect("released groups were allocated");
+        debug_assert_eq!(self.free[node] & m, 0, "releasing a free block");
+        self.set_free(node, self.free[node] | m);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_must_be_aligned_powers_of_two_inside_a_node() {
+        let c = Cluster::new(vec![8, 6]).unwrap();
+        assert!(c.check_group(0, 8).is_ok());
+        assert!(c.check_group(12, 2).is_ok());
+        assert!(c.check_group(8, 4).is_ok());
+        assert!(c.check_group(2, 4).unwrap_err().to_string().contains("not aligned"));
+        assert!(c.check_group(12, 4).unwrap_err().to_string().contains("does not fit"));
+        assert!(c.check_group(0, 3).unwrap_err().to_string().contains("power of two"));
+        assert!(c.check_group(14, 1).unwrap_err().to_string().contains("does not exist"));
+        assert!(Cluster::new(vec![9]).is_err());
+        assert!(Cluster::new(vec![]).is_err());
+    }
+
+    #[test]
+    fn allocator_best_fit_and_counts() {
+        let c = Cluster::new(vec![8, 2]).unwrap();
+        let mut a = Allocator::new(&c);
+        assert_eq!(a.available(2), 5);
+        // Best fit puts a 2-group in the 2-GPU node, leaving the 8 intact.
+        assert_eq!(a.allocate(2), Some(8));
+        let c6 = Cluster::new(vec![6]).unwrap();
+        let mut b = Allocator::new(&c6);
+        // In a 6-GPU node (4 + 2), a pair takes {4,5} and keeps {0..3} whole,
+        // and single GPUs then split the same pair of an already split block.
+        assert_eq!(b.allocate(2), Some(4));
+        assert_eq!(b.allocate(1), Some(0));
+        assert_eq!(b.allocate(1), Some(1));
+        assert_eq!(b.available(2), 1);
+        assert_eq!(a.available(8), 1);
+        assert_eq!(a.allocate(4), Some(0));
+        assert_eq!(a.allocate(4), Some(4));
+        assert_eq!(a.allocate(1), None);
+        a.release(4, 4);
+        assert!(a.take(6, 2));
+        assert!(!a.take(6, 1));
+        assert!(!a.take(5, 2));
+        assert_eq!(a.free_gpus(), 2);
+        assert_eq!(a.available(2), 1);
+    }
+}
