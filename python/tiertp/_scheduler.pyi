@@ -3,6 +3,7 @@
 Kept in agreement with the module by tests/test_stub_agreement.py.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 ROLES: list[str]
@@ -146,3 +147,23 @@ class BatchPolicy:
     def __len__(self) -> int: ...
 
 def bench_scheduler(quick: bool = False) -> str: ...
+
+SIM_POLICIES: list[str]
+
+def simulate(
+    profile: Profile,
+    tiers: TierSet,
+    arrival_s: list[float],
+    tier: list[int],
+    prompt_tokens: list[int],
+    output_tokens: list[int],
+    gpus: int,
+    policy: str,
+    gpus_per_node: int | None = None,
+    tp: int | None = None,
+    prefill_share: float | None = None,
+    window_s: float | None = None,
+    switch_ms: float | None = None,
+    kv_gbps: float | None = None,
+    progress: Callable[[float], object] | None = None,
+) -> dict[str, Any]: ...

@@ -10,6 +10,7 @@ mod dispatch;
 mod errors;
 mod planner;
 mod profile;
+mod sim;
 mod stats;
 mod tiers;
 
@@ -27,6 +28,8 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::Dispatcher>()?;
     m.add_class::<batch::BatchPolicy>()?;
     m.add_function(wrap_pyfunction!(planner::bench_scheduler, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
+    m.add("SIM_POLICIES", tiertp_sim::POLICIES.map(|p| p.0).to_vec())?;
     m.add("ROLES", tiertp_scheduler::plan::Role::ALL.map(|r| r.name()).to_vec())?;
     m.add(
         "DISPATCH_CLASSES",

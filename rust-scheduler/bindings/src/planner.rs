@@ -181,7 +181,8 @@ impl Planner {
     #[pyo3(signature = (stats))]
     fn estimate<'py>(&self, py: Python<'py>, stats: HashMap<String, TierStats>) -> PyResult<Bound<'py, PyAny>> {
         let stats = self.stats(stats)?;
-        let est = self.inner.estimate(&stats).map_err(plan_err)?;
+        // Off the GIL: estimation runs on worker threads that may log.
+        let est = py.allow_threads(|| self.inner.estimate(&stats)).map_err(plan_err)?;
         let v: Vec<Value> = est.iter().map(|e| convert::estimate(e, &self.tier_names)).collect();
         convert::to_py(py, &Value::Array(v))
     }

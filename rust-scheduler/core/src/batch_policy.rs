@@ -84,6 +84,13 @@ impl BatchPolicy {
     /// cap stops the fill (no overtaking), except that an empty batch always
     /// admits one request so an oversized prompt cannot block forever.
     pub fn next_batch(&mut self, running: u32) -> Vec<u64> {
+        self.next_batch_where(running, |_, _| true)
+    }
+
+    /// Like `next_batch`, but each candidate must also pass `admit` (e.g. a
+    /// KV-space check); the first refusal stops the fill (FCFS, no
+    /// overtaking) and the refused request stays at the head of its queue.
+    pub fn next_batch_where(&mut self, running: u32, mut admit: impl FnMut(u64, u32) -> bool) -> Vec<u64> {
         let mut slots = self.batch_cap.saturating_sub(running);
         let mut tokens_left = if self.token_cap == 0 { u64::MAX } else { u64::from(self.token_cap) };
         let mut out = Vec::new();
@@ -91,7 +98,7 @@ impl BatchPolicy {
             while slots > 0 {
                 let Some(&head) = q.front() else { break };
                 let empty = running == 0 && out.is_empty();
-                if u64::from(head.tokens) > tokens_left && !empty {
+                if (u64::from(head.tokens) > tokens_left && !empty) || !admit(head.id, head.tokens) {
                     break 'queues;
                 }
                 q.pop_front();
@@ -100,6 +107,17 @@ impl BatchPolicy {
                 slots -= 1;
                 out.push(head.id);
             }
+        }
+        out
+    }
+
+    /// Empties every queue, in fill order (feasible, best-effort,
+    /// background; FCFS within each): what a group hands over when it stops.
+    pub fn drain(&mut self) -> Vec<(u64, DispatchClass)> {
+        self.queued.clear();
+        let mut out = Vec::new();
+        for (q, class) in self.queues.iter_mut().zip(DispatchClass::ALL) {
+            out.extend(q.drain(..).map(|w| (w.id, class)));
         }
         out
     }
@@ -158,6 +176,23 @@ mod tests {
     }
 
     #[test]
+    fn admission_check_stops_the_fill_in_order() {
+        let mut p = BatchPolicy::new(8, 0);
+        for id in 1..=4 {
+            p.enqueue(id, Feasible, 10 * id as u32);
+        }
+        let mut budget = 35;
+        let got = p.next_batch_where(0, |_, tokens| {
+            let ok = tokens <= budget;
+            budget = budget.saturating_sub(tokens);
+            ok
+        });
+        // 10 + 20 fit; 30 does not, and 40 may not overtake it.
+        assert_eq!(got, vec![1, 2]);
+        assert_eq!(p.next_batch(0), vec![3, 4]);
+    }
+
+    #[test]
     fn remove_and_duplicates() {
         let mut p = BatchPolicy::new(8, 0);
         assert!(p.enqueue(1, Feasible, 5));
@@ -168,5 +203,9 @@ mod tests {
         assert_eq!(p.next_batch(0), vec![2]);
         p.set_caps(0, 0);
         assert_eq!(p.batch_cap(), 1);
+        p.enqueue(7, Background, 1);
+        p.enqueue(8, Feasible, 1);
+        assert_eq!(p.drain(), vec![(8, Feasible), (7, Background)]);
+        assert!(p.is_empty());
     }
 }

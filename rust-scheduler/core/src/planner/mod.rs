@@ -252,7 +252,7 @@ fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {
 }
 
 /// A group's capacity, batch caps and SLO budget from its estimate.
-fn group_plan(tier: &Tier, e: &TpEstimate, tier_id: usize, role: Role, first_gpu: u32) -> GroupPlan {
+pub fn group_plan(tier: &Tier, e: &TpEstimate, tier_id: usize, role: Role, first_gpu: u32) -> GroupPlan {
     let stage = match role {
         Role::Prefill => e.prefill,
         Role::Decode => e.decode,

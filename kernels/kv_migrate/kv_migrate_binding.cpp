@@ -1,0 +1,58 @@
+// torch binding of the KV head gather/scatter kernels (kv_migrate_kernels.cu).
+// Argument checks live in Python (tiertp/kv/kernels.py check_staging); here
+// only what would corrupt memory if wrong is checked again.
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "kv_migrate.h"
+
+namespace {
+
+KvCopyArgs make_args(const torch::Tensor& buffer_ptrs, const torch::Tensor& page_ids, int64_t page_size,
+                     int64_t heads, int64_t head_dim, int64_t head_start, int64_t pointer_alignment,
+                     const torch::Tensor& staging) {
+  TORCH_CHECK(staging.is_cuda() && staging.is_contiguous(), "staging must be a contiguous CUDA tensor");
+  TORCH_CHECK(buffer_ptrs.is_cuda() && buffer_ptrs.scalar_type() == torch::kInt64, "buffer_ptrs: CUDA int64");
+  TORCH_CHECK(page_ids.is_cuda() && page_ids.scalar_type() == torch::kInt64, "page_ids: CUDA int64");
+  TORCH_CHECK(staging.dim() == 6, "staging must be [layers, 2, n, page_size, head_count, head_dim]");
+  TORCH_CHECK(buffer_ptrs.numel() == staging.size(0) * 2, "need one K and one V buffer per layer");
+  TORCH_CHECK(staging.size(2) == page_ids.numel() && staging.size(3) == page_size, "staging/page mismatch");
+  TORCH_CHECK(head_start >= 0 && head_start + staging.size(4) <= heads, "head range outside the pool");
+  KvCopyArgs a;
+  a.buffer_ptrs = buffer_ptrs.data_ptr<int64_t>();
+  a.num_buffers = buffer_ptrs.numel();
+  a.page_ids = page_ids.data_ptr<int64_t>();
+  a.n_pages = page_ids.numel();
+  a.page_size = page_size;
+  a.heads = heads;
+  a.head_dim = head_dim;
+  a.head_start = head_start;
+  a.head_count = staging.size(4);
+  a.elem_size = staging.element_size();
+  a.pointer_alignment = pointer_alignment;
+  a.staging = staging.data_ptr();
+  return a;
+}
+
+void gather(torch::Tensor buffer_ptrs, torch::Tensor page_ids, int64_t page_size, int64_t heads, int64_t head_dim,
+            int64_t head_start, int64_t pointer_alignment, torch::Tensor out) {
+  const c10::cuda::CUDAGuard guard(out.device());
+  auto a = make_args(buffer_ptrs, page_ids, page_size, heads, head_dim, head_start, pointer_alignment, out);
+  C10_CUDA_CHECK(kv_gather_heads(a, at::cuda::getCurrentCUDAStream()));
+}
+
+void scatter(torch::Tensor buffer_ptrs, torch::Tensor page_ids, int64_t page_size, int64_t heads, int64_t head_dim,
+             int64_t head_start, int64_t pointer_alignment, torch::Tensor src) {
+  const c10::cuda::CUDAGuard guard(src.device());
+  auto a = make_args(buffer_ptrs, page_ids, page_size, heads, head_dim, head_start, pointer_alignment, src);
+  C10_CUDA_CHECK(kv_scatter_heads(a, at::cuda::getCurrentCUDAStream()));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "tiertp KV migration: gather/scatter selected heads of KV pages (CUDA)";
+  m.def("gather", &gather, "pool pages -> staging (on the current CUDA stream)");
+  m.def("scatter", &scatter, "staging -> pool pages (on the current CUDA stream)");
+}

@@ -1,0 +1,29 @@
+"""KV cache migration between TP layouts (DESIGN.md §3, issue 5).
+
+plan_migration turns (old layout, new layout, running requests) into moves;
+migrate runs them on one GPU's process: a handshake that allocates the new
+pages or aborts with nothing written, then double-buffered gather -> send ->
+scatter through a Transport (DistTransport: gloo/NCCL; ShmTransport: shared
+memory on one host), with the CUDA kernels or their CPU twin.
+"""
+
+from tiertp.kv.channel import RecvChannel, SendChannel, Transport
+from tiertp.kv.context import MigrationContext
+from tiertp.kv.dist_transport import DistTransport
+from tiertp.kv.errors import (KVMigrationError, LayoutError, MigrationAborted, NoGPUError,
+                              OutOfKVSpace)
+from tiertp.kv.executor import MigrationResult, migrate
+from tiertp.kv.kernels import KVKernels, kernels_for
+from tiertp.kv.layout import HeadRange, Layout, TPGroup, heads_of_rank
+from tiertp.kv.plan import MigrationPlan, Move, RequestKV
+from tiertp.kv.planner import assign_destinations, plan_migration
+from tiertp.kv.pool import KVPool
+from tiertp.kv.shape import KVShape
+from tiertp.kv.shm_transport import ShmTransport
+
+__all__ = [
+    "DistTransport", "HeadRange", "KVKernels", "KVMigrationError", "KVPool", "KVShape", "Layout",
+    "LayoutError", "MigrationAborted", "MigrationContext", "MigrationPlan", "MigrationResult", "Move",
+    "NoGPUError", "OutOfKVSpace", "RecvChannel", "RequestKV", "SendChannel", "ShmTransport", "TPGroup",
+    "Transport", "assign_destinations", "heads_of_rank", "kernels_for", "migrate", "plan_migration",
+]

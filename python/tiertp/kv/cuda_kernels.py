@@ -1,0 +1,142 @@
+"""The CUDA gather/scatter kernels (kernels/kv_migrate/), built on first use.
+
+The extension is compiled with torch.utils.cpp_extension into
+~/.cache/tiertp/torch_extensions (TIERTP_CACHE overrides ~/.cache/tiertp),
+so only the first use on a machine pays the build (about a minute). nvcc comes
+from the `nvidia-cuda-nvcc` wheel when no system CUDA toolkit is found.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from tiertp.kv.errors import KVMigrationError, NoGPUError
+from tiertp.kv.kernels import KVKernels, check_staging
+from tiertp.kv.paths import cache_dir, kernel_dir
+
+ARCHS = ("80", "90")  # A100, H100/H200
+
+
+def pip_cuda_root() -> Path | None:
+    """The CUDA 13 tree the nvidia-* wheels install (nvcc, headers, libcudart)."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in nvidia.__path__:
+        root = Path(base) / "cu13"
+        if (root / "bin" / "nvcc").exists():
+            return root
+    return None
+
+
+def cuda_home() -> Path:
+    """A CUDA_HOME for cpp_extension: the system toolkit, or a shim over the
+    wheels' tree (cpp_extension wants lib64/libcudart.so; the wheel ships
+    lib/libcudart.so.13)."""
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME:
+        return Path(cpp_extension.CUDA_HOME)
+    root = pip_cuda_root()
+    if root is None:
+        raise NoGPUError("no CUDA toolkit: install nvidia-cuda-nvcc (see requirements/python.txt)")
+    shim = cache_dir() / "cuda-home"
+    (shim / "lib64").mkdir(parents=True, exist_ok=True)
+    for name in ("bin", "include", "nvvm"):
+        link = shim / name
+        if not link.exists() and (root / name).exists():
+            link.symlink_to(root / name)
+    lib = shim / "lib64" / "libcudart.so"
+    if not lib.exists():
+        lib.symlink_to(root / "lib" / "libcudart.so.13")
+    return shim
+
+
+@functools.cache
+def load_extension():
+    """Build (first time) and import the extension; NoGPUError without a GPU."""
+    if not torch.cuda.is_available():
+        raise NoGPUError("the CUDA KV kernels need a GPU and none is visible "
+                         "(torch.cuda.is_available() is False); use CpuKernels on CPU")
+    return build_extension()
+
+
+def build_extension():
+    """Compile (cached) and import the extension; needs nvcc, not a GPU."""
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    home = cuda_home()
+    cpp_extension.CUDA_HOME = str(home)
+    os.environ.setdefault("CUDA_HOME", str(home))
+    src = kernel_dir()
+    build = cache_dir() / "torch_extensions" / "kv_migrate"
+    build.mkdir(parents=True, exist_ok=True)
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
+    return cpp_extension.load(
+        name="tiertp_kv_migrate",
+        sources=[str(src / "kv_migrate_binding.cpp"), str(src / "kv_migrate_kernels.cu")],
+        extra_include_paths=[str(src)],
+        extra_cflags=["-O2"],
+        extra_cuda_cflags=["-O3", *gencode],
+        build_directory=str(build),
+        verbose=False,
+    )
+
+
+def _ninja_on_path() -> None:
+    """cpp_extension runs `ninja` from PATH; a venv used without activation
+    lacks it, so add the ninja wheel's bin directory."""
+    import shutil
+
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        raise KVMigrationError("ninja is needed to build the CUDA KV kernels: pip install ninja") from None
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _alignment(buffers: list[torch.Tensor]) -> int:
+    """Largest power of two <= 16 dividing every buffer's address."""
+    align = 16
+    for b in buffers:
+        while b.data_ptr() % align:
+            align //= 2
+    return align
+
+
+class CudaKernels(KVKernels):
+    """Launches on the current CUDA stream, so callers order copies with
+    streams and events (the pipelined executor gathers on its own stream)."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._ext = load_extension()
+        self._ptrs: dict[tuple[int, ...], tuple[torch.Tensor, int]] = {}
+
+    def _buffer_ptrs(self, k_buffers, v_buffers) -> tuple[torch.Tensor, int]:
+        bufs = [b for pair in zip(k_buffers, v_buffers) for b in pair]
+        key = tuple(b.data_ptr() for b in bufs)
+        if key not in self._ptrs:  # a pool's buffers never move: build the pointer table once
+            self._ptrs[key] = (torch.tensor(key, dtype=torch.long, device=bufs[0].device), _alignment(bufs))
+        return self._ptrs[key]
+
+    def gather(self, k_buffers, v_buffers, page_ids, page_size, head_start, out):
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, out)
+        ptrs, align = self._buffer_ptrs(k_buffers, v_buffers)
+        _, heads, dim = k_buffers[0].shape
+        self._ext.gather(ptrs, page_ids, page_size, heads, dim, head_start, min(align, _alignment([out])), out)
+
+    def scatter(self, k_buffers, v_buffers, page_ids, page_size, head_start, src):
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, src)
+        ptrs, align = self._buffer_ptrs(k_buffers, v_buffers)
+        _, heads, dim = k_buffers[0].shape
+        self._ext.scatter(ptrs, page_ids, page_size, heads, dim, head_start, min(align, _alignment([src])), src)

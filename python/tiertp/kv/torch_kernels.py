@@ -1,0 +1,44 @@
+"""Gather/scatter in torch ops: runs on any device torch does, no compiler needed
+(the CPU fallback when the native twin cannot be built)."""
+
+from __future__ import annotations
+
+import torch
+
+from tiertp.kv.kernels import KVKernels, check_staging
+
+# Copy through same-width integer views: a bitwise copy whatever the float
+# type (no NaN canonicalisation), and index_select/index_copy_ run their
+# plain-memory paths on integers.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _heads_view(buf: torch.Tensor, page_size: int, head_start: int, head_count: int) -> torch.Tensor:
+    """[pages, page_size, head_count, head_dim] strided view of one layer's buffer."""
+    slots, heads, dim = buf.shape
+    bits = buf.view(_BITS[buf.element_size()])
+    return bits.view(slots // page_size, page_size, heads, dim)[:, :, head_start:head_start + head_count]
+
+
+class TorchKernels(KVKernels):
+    """One index_select / index_copy_ per (layer, K|V): the per-page loop runs
+    inside torch, so the Python cost is 2 * num_layers calls per chunk."""
+
+    name = "torch"
+
+    def gather(self, k_buffers, v_buffers, page_ids, page_size, head_start, out):
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, out)
+        hc = out.shape[4]
+        bits = out.view(_BITS[out.element_size()])
+        for layer, (k, v) in enumerate(zip(k_buffers, v_buffers)):
+            for kv, buf in enumerate((k, v)):
+                torch.index_select(_heads_view(buf, page_size, head_start, hc), 0, page_ids,
+                                   out=bits[layer, kv])
+
+    def scatter(self, k_buffers, v_buffers, page_ids, page_size, head_start, src):
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, src)
+        hc = src.shape[4]
+        bits = src.view(_BITS[src.element_size()])
+        for layer, (k, v) in enumerate(zip(k_buffers, v_buffers)):
+            for kv, buf in enumerate((k, v)):
+                _heads_view(buf, page_size, head_start, hc).index_copy_(0, page_ids, bits[layer, kv])

@@ -1,0 +1,191 @@
+//! Cluster policies: how GPUs are configured and where requests go. One
+//! trait, one file per policy, one list of names.
+
+mod chiron;
+mod llumnix;
+mod sglang;
+mod split;
+mod tiertp;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tiertp_scheduler::dispatcher::DispatchClass;
+use tiertp_scheduler::plan::Role;
+use tiertp_scheduler::profile::Profile;
+use tiertp_scheduler::stats::TierStats;
+use tiertp_scheduler::tiers::TierSet;
+use tiertp_scheduler::topology::{Allocator, Cluster};
+
+use crate::engine::{GroupSim, GroupSpec};
+use crate::request::{Progress, TraceRequest};
+use crate::settings::SimSettings;
+
+/// Everything a policy may read.
+pub struct Ctx<'a> {
+    pub profile: &'a Arc<Profile>,
+    pub tiers: &'a TierSet,
+    pub settings: &'a SimSettings,
+    pub cluster: &'a Cluster,
+    /// Whole-trace per-tier stats: the hindsight baselines may size with.
+    pub trace_stats: &'a [TierStats],
+    pub reqs: &'a [TraceRequest],
+}
+
+/// Where a request goes: a group (by first GPU and TP) and its queue class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Route {
+    To((u32, u32), DispatchClass),
+    Reject,
+}
+
+pub trait Policy {
+    fn name(&self) -> &'static str;
+
+    /// The settings this run used (reported).
+    fn describe(&self) -> Value;
+
+    /// Switch stop time for this policy's mechanism.
+    fn switch_ms(&self, settings: &SimSettings) -> f64 {
+        settings.switch_ms
+    }
+
+    /// Groups at time 0.
+    fn initial(&mut self, ctx: &Ctx) -> Vec<GroupSpec>;
+
+    /// Every control window: the observed stats of the recent past and the
+    /// true stats of the coming window (only the oracle may look). A new
+    /// group list replaces the configuration.
+    fn on_window(
+        &mut self,
+        _ctx: &Ctx,
+        _now: f64,
+        _observed: &[TierStats],
+        _future: &[TierStats],
+        _groups: &[GroupSim],
+    ) -> Option<Vec<GroupSpec>> {
+        None
+    }
+
+    /// A new request.
+    fn route(&mut self, ctx: &Ctx, i: u32, groups: &[GroupSim]) -> Route;
+
+    /// A request whose prompt finished on a prefill group; None = decode
+    /// where it is.
+    fn route_decode(&mut self, _ctx: &Ctx, _i: u32, _groups: &[GroupSim]) -> Option<Route> {
+        None
+    }
+
+    /// A request leaving a group that stopped at a plan change.
+    fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, groups: &[GroupSim]) -> Route {
+        if prefilled {
+            if let Some(r) = self.route_decode(ctx, i, groups) {
+                return r;
+            }
+        }
+        self.route(ctx, i, groups)
+    }
+
+    fn on_finish(&mut self, _i: u32) {}
+
+    /// After each iteration of a group (local control loops).
+    fn on_iteration(&mut self, _ctx: &Ctx, _group: &mut GroupSim, _iteration_ms: f64) {}
+
+    /// Live migrations to start now: (request, target group).
+    fn rebalance(&mut self, _ctx: &Ctx, _groups: &[GroupSim], _progress: &[Progress]) -> Vec<(u32, (u32, u32))> {
+        Vec::new()
+    }
+}
+
+/// The one list of policy names, with what each is.
+pub const POLICIES: [(&str, &str); 10] = [
+    ("tiertp", "dynamic TP per tier: planner + dispatcher + batch policy"),
+    ("tiertp-no-fairness", "tiertp without the unmet-demand weighting"),
+    ("tiertp-static-tp", "tiertp's scheduler at one static TP level (tp)"),
+    ("tiertp-naive-switch", "tiertp with a switch that restarts the engine (seconds)"),
+    (
+        "oracle",
+        "tiertp's planner fed the next window's true load, free switches (ceiling)",
+    ),
+    (
+        "sglang",
+        "replicas at one TP level, chunked prefill, least-load, FCFS, SLO-agnostic",
+    ),
+    (
+        "sglang-pd",
+        "static prefill/decode disaggregation at one TP level (tp, prefill_share)",
+    ),
+    ("split", "a static partition per tier sized by its traffic share; overflow rejected"),
+    ("llumnix", "replicas at one TP level, priority headroom dispatch, live migration"),
+    ("chiron", "interactive/batch pools, batch-size back-pressure, instance moves"),
+];
+
+pub fn build(name: &str, ctx: &Ctx) -> Result<Box<dyn Policy>, String> {
+    Ok(match name {
+        "tiertp" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Full)?),
+        "tiertp-no-fairness" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::NoFairness)?),
+        "tiertp-static-tp" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::StaticTp)?),
+        "tiertp-naive-switch" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::NaiveSwitch)?),
+        "oracle" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Oracle)?),
+        "sglang" => Box::new(sglang::Sglang::new(ctx, false)?),
+        "sglang-pd" => Box::new(sglang::Sglang::new(ctx, true)?),
+        "split" => Box::new(split::Split::new(ctx)?),
+        "llumnix" => Box::new(llumnix::Llumnix::new(ctx)?),
+        "chiron" => Box::new(chiron::Chiron::new(ctx)?),
+        _ => {
+            let names: Vec<&str> = POLICIES.iter().map(|p| p.0).collect();
+            return Err(format!("unknown policy {name:?}; valid policies: {names:?}"));
+        }
+    })
+}
+
+/// Caps of an SLO-agnostic engine: the largest batch the profile covers and
+/// SGLang's default chunked-prefill size (8192), within the profile.
+pub fn throughput_caps(profile: &Profile, tp: u32) -> (u32, u32) {
+    let t = profile.table(tp).expect("policy TP levels come from the profile");
+    let batch = *t.decode.x().last().expect("validated axis") as u32;
+    let tokens = (*t.prefill.x().last().expect("validated axis")).min(8192.0) as u32;
+    (batch.max(1), tokens.max(1))
+}
+
+/// The static TP level of a baseline: the setting, else 1; checked against
+/// the profile.
+pub fn static_tp(ctx: &Ctx) -> Result<u32, String> {
+    let tp = ctx.settings.tp.unwrap_or(1);
+    if ctx.profile.table(tp).is_err() {
+        return Err(format!("tp = {tp}: the profile has TP levels {:?}", ctx.profile.tp_levels()));
+    }
+    Ok(tp)
+}
+
+/// As many aligned groups of `tp` as the cluster holds, SLO-agnostic caps.
+pub fn replicas(ctx: &Ctx, tp: u32) -> Vec<GroupSpec> {
+    let mut alloc = Allocator::new(ctx.cluster);
+    let (batch_cap, token_cap) = throughput_caps(ctx.profile, tp);
+    std::iter::from_fn(|| alloc.allocate(tp))
+        .map(|first_gpu| GroupSpec {
+            first_gpu,
+            tp,
+            role: Role::Colocated,
+            tier: None,
+            batch_cap,
+            token_cap,
+        })
+        .collect()
+}
+
+/// The active group with the least outstanding work among those `ok`
+/// accepts; ties go to the lowest index.
+pub fn least_loaded(groups: &[GroupSim], ok: impl Fn(&GroupSim) -> bool, load: impl Fn(&GroupSim) -> f64) -> Option<usize> {
+    let mut best: Option<(f64, usize)> = None;
+    for (i, g) in groups.iter().enumerate() {
+        if g.retiring || !ok(g) {
+            continue;
+        }
+        let l = load(g);
+        if best.is_none_or(|(b, _)| l < b) {
+            best = Some((l, i));
+        }
+    }
+    best.map(|(_, i)| i)
+}

@@ -1,0 +1,104 @@
+"""Gather/scatter kernels: the CPU twin (native) and the torch-ops fallback
+against the naive reference."""
+
+import random
+
+import pytest
+import torch
+
+from tiertp.kv import NoGPUError, kernels_for
+from tiertp.kv.cpu_kernels import CpuKernels
+from tiertp.kv.reference import ReferenceKernels
+from tiertp.kv.torch_kernels import TorchKernels
+
+IMPLS = {"cpu": CpuKernels, "torch": TorchKernels}
+
+
+def _bits(t):
+    return t.view({2: torch.int16, 4: torch.int32, 1: torch.uint8}[t.element_size()])
+
+
+def _pool(gen, layers, slots, heads, dim, dtype):
+    def one():
+        raw = torch.randint(-128, 128, (slots, heads, dim * torch.empty((), dtype=dtype).element_size()),
+                            generator=gen, dtype=torch.int8)
+        return raw.view(torch.uint8).view(dtype).view(slots, heads, dim).clone()  # random bits, NaNs included
+    return [one() for _ in range(layers)], [one() for _ in range(layers)]
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("seed", range(12))
+def test_cpu_twin_matches_reference(impl, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32, torch.uint8])
+    layers, heads, dim, ps = rng.randint(1, 3), rng.choice([1, 2, 4, 8]), rng.choice([1, 3, 8]), rng.choice([1, 2, 16])
+    pages = rng.randint(2, 12)
+    k, v = _pool(gen, layers, pages * ps, heads, dim, dtype)
+    ids = torch.tensor(rng.sample(range(1, pages), rng.randint(1, pages - 1)), dtype=torch.long)
+    h0 = rng.randrange(heads)
+    hc = rng.randint(1, heads - h0)
+    out_ref = torch.zeros(layers, 2, len(ids), ps, hc, dim, dtype=dtype)
+    out_cpu = torch.full_like(out_ref, 7)
+    ReferenceKernels().gather(k, v, ids, ps, h0, out_ref)
+    IMPLS[impl]().gather(k, v, ids, ps, h0, out_cpu)
+    assert torch.equal(_bits(out_ref), _bits(out_cpu))
+
+    k2, v2 = _pool(gen, layers, pages * ps, heads, dim, dtype)
+    k3, v3 = [t.clone() for t in k2], [t.clone() for t in v2]
+    ReferenceKernels().scatter(k2, v2, ids, ps, h0, out_ref)
+    IMPLS[impl]().scatter(k3, v3, ids, ps, h0, out_ref)
+    for a, b in zip(k2 + v2, k3 + v3):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+def test_gather_then_scatter_round_trips_only_selected_heads(impl):
+    gen = torch.Generator().manual_seed(1)
+    k, v = _pool(gen, 2, 8 * 4, 4, 8, torch.bfloat16)
+    zeros_k, zeros_v = [torch.zeros_like(t) for t in k], [torch.zeros_like(t) for t in v]
+    ids = torch.tensor([5, 2, 7], dtype=torch.long)
+    st = torch.empty(2, 2, 3, 4, 2, 8, dtype=torch.bfloat16)
+    IMPLS[impl]().gather(k, v, ids, 4, 1, st)
+    IMPLS[impl]().scatter(zeros_k, zeros_v, ids, 4, 1, st)
+    for src, dst in zip(k + v, zeros_k + zeros_v):
+        for p in range(8):
+            rows = slice(p * 4, p * 4 + 4)
+            if p in (5, 2, 7):
+                assert torch.equal(_bits(dst[rows, 1:3]), _bits(src[rows, 1:3]))
+            assert not _bits(dst[rows, 0]).any() and not _bits(dst[rows, 3]).any()
+
+
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("bad", ["shape", "heads", "dtype", "ids", "page"])
+def test_bad_arguments_are_rejected(impl, bad):
+    k, v = _pool(torch.Generator().manual_seed(0), 1, 8, 2, 4, torch.float32)
+    ids = torch.tensor([2 if bad == "page" else 1], dtype=torch.int32 if bad == "ids" else torch.long)
+    out = torch.empty(1, 2, 1, 4, 1 if bad != "heads" else 3, 4,
+                      dtype=torch.float16 if bad == "dtype" else torch.float32)
+    if bad == "shape":
+        out = torch.empty(1, 2, 2, 4, 1, 4)
+    with pytest.raises((ValueError, IndexError)):
+        IMPLS[impl]().gather(k, v, ids, 4, 0, out)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_cuda_kernels_say_no_gpu_clearly():
+    with pytest.raises(NoGPUError, match="need a GPU"):
+        kernels_for("cuda")
+
+
+def test_cpu_pools_get_the_cpu_twin():
+    assert kernels_for("cpu").name == "cpu"
+
+
+def test_native_twin_builds_on_first_use(tmp_path, monkeypatch):
+    from tiertp.kv import cpu_kernels
+
+    monkeypatch.setenv("TIERTP_CACHE", str(tmp_path))
+    cpu_kernels.load_library.cache_clear()
+    try:
+        CpuKernels()
+        assert len(list((tmp_path / "native").glob("kv_migrate_cpu-*.so"))) == 1
+    finally:
+        cpu_kernels.load_library.cache_clear()
