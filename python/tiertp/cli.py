@@ -18,6 +18,7 @@ COMMANDS = [
     "plan",
     "bench",
     "profile",
+    "replay",
 ]
 
 

@@ -7,4 +7,5 @@ BENCHES is the one list: name -> module under tiertp.bench exposing
 BENCHES = {
     "scheduler": "tiertp.bench.scheduler",
     "kv-migration": "tiertp.bench.kv_migration",
+    "replay": "tiertp.bench.replay",
 }

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     names = tiers.names
     planner = _scheduler.Planner(profile, tiers, gpus=args.gpus)
     prior = _scheduler.TierStats(0.0, 1024.0, 128.0)
-    observer = _scheduler.ArrivalObserver(tiers, 2.0, prior)
+    observer = _scheduler.ArrivalObserver(tiers, 2.0, prior, memory_s=30.0)
     rng = np.random.default_rng(args.seed)
     print(f"profile {profile.name}; {args.gpus} GPUs; tiers {names}")
     plan = planner.step({n: prior for n in names})["plan"]

@@ -107,7 +107,8 @@ impl Planner {
     /// Unset options take the core's defaults.
     #[new]
     #[pyo3(signature = (profile, tiers, gpus = None, nodes = None, gpus_per_node = None, tp_levels = None,
-                        hysteresis = None, fairness_weighting = None, allow_colocated = None, allow_disaggregated = None))]
+                        hysteresis = None, fairness_weighting = None, allow_colocated = None, allow_disaggregated = None,
+                        target_utilization = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         profile: &Profile,
@@ -120,6 +121,7 @@ impl Planner {
         fairness_weighting: Option<bool>,
         allow_colocated: Option<bool>,
         allow_disaggregated: Option<bool>,
+        target_utilization: Option<f64>,
     ) -> PyResult<Self> {
         let cluster = match (gpus, nodes) {
             (Some(_), Some(_)) => return Err(plan_err("give either gpus or nodes, not both")),
@@ -135,6 +137,7 @@ impl Planner {
             fairness_weighting: fairness_weighting.unwrap_or(d.fairness_weighting),
             allow_colocated: allow_colocated.unwrap_or(d.allow_colocated),
             allow_disaggregated: allow_disaggregated.unwrap_or(d.allow_disaggregated),
+            target_utilization: target_utilization.unwrap_or(d.target_utilization),
         };
         let tier_names = tiers.inner.tiers().iter().map(|t| t.name.clone()).collect();
         let inner = core::Planner::new(profile.inner.clone(), tiers.inner.clone(), cluster, config).map_err(plan_err)?;

@@ -54,15 +54,20 @@ pub struct ArrivalObserver {
 
 #[pymethods]
 impl ArrivalObserver {
+    /// Rates are the larger of the last `horizon_s` and the last `memory_s`
+    /// (default: `horizon_s`, no memory).
     #[new]
-    #[pyo3(signature = (tiers, horizon_s, prior))]
-    fn new(tiers: Py<TierSet>, horizon_s: f64, prior: TierStats, py: Python<'_>) -> PyResult<Self> {
-        if !(horizon_s.is_finite() && horizon_s > 0.0) {
-            return Err(plan_err(format!("horizon_s = {horizon_s}: must be a finite number > 0")));
+    #[pyo3(signature = (tiers, horizon_s, prior, memory_s = None))]
+    fn new(tiers: Py<TierSet>, horizon_s: f64, prior: TierStats, memory_s: Option<f64>, py: Python<'_>) -> PyResult<Self> {
+        let memory_s = memory_s.unwrap_or(horizon_s);
+        for (name, v) in [("horizon_s", horizon_s), ("memory_s", memory_s)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(plan_err(format!("{name} = {v}: must be a finite number > 0")));
+            }
         }
         let n = tiers.borrow(py).inner.len();
         Ok(Self {
-            inner: core::ArrivalObserver::new(n, horizon_s, prior.inner),
+            inner: core::ArrivalObserver::new(n, horizon_s, memory_s, prior.inner),
             tiers,
         })
     }

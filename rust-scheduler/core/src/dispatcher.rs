@@ -3,8 +3,11 @@
 //! - background tier → round robin over background groups (any prefill-
 //!   capable group if no background tier has one);
 //! - otherwise → the least-loaded prefill-capable group of the tier that
-//!   still has SLO bandwidth for the request (`Feasible`); if none has,
+//!   still has SLO bandwidth for the request (an idle group always has:
+//!   a long prompt is served soonest there) (`Feasible`); if none has,
 //!   round-robin spill over every prefill-capable group (`BestEffort`).
+//!   (Spilling to the least-loaded group by prompt-token load was tried
+//!   in replay and did worse: that load ignores decode work.)
 //!
 //! Each dispatched request is charged to its group (prompt tokens; one slot
 //! on decode groups) and its completion returns exactly that charge. Charges
@@ -303,11 +306,13 @@ impl Dispatcher {
 }
 
 /// The candidate with the lowest load fraction that still fits `amount`.
+/// An idle group always fits: a prompt larger than a group's budget is
+/// still served soonest on an idle group. Groups with no SLO budget never do.
 fn least_loaded_feasible(slots: &[Slot], candidates: &[usize], amount: u64) -> Option<usize> {
     let mut best: Option<(f64, usize)> = None;
     for &i in candidates {
         let s = &slots[i];
-        if s.load + amount > s.budget {
+        if s.budget == 0 || (s.load > 0 && s.load + amount > s.budget) {
             continue;
         }
         let frac = s.load as f64 / s.budget as f64;

@@ -7,6 +7,8 @@ pub struct SimSettings {
     pub gpus_per_node: u32,
     /// Control window of the planner (and of the baselines' control loops).
     pub window_s: f64,
+    /// How long a tier's past arrival rate keeps counting as demand.
+    pub demand_memory_s: f64,
     /// Stop time of a TP switch (pause → resume), without KV movement.
     pub switch_ms: f64,
     /// Bandwidth for KV hand-off and migration between groups, GB/s.
@@ -26,6 +28,7 @@ impl SimSettings {
             gpus,
             gpus_per_node: 8,
             window_s: 1.0,
+            demand_memory_s: 30.0,
             // The target of the switching mechanism (issue 6: <= 15 ms stop
             // time with no KV); KV movement is added as bytes / kv_gbps.
             switch_ms: 15.0,
@@ -41,7 +44,11 @@ impl SimSettings {
         if self.gpus == 0 {
             return Err("gpus must be at least 1".into());
         }
-        for (name, v) in [("window_s", self.window_s), ("kv_gbps", self.kv_gbps)] {
+        for (name, v) in [
+            ("window_s", self.window_s),
+            ("kv_gbps", self.kv_gbps),
+            ("demand_memory_s", self.demand_memory_s),
+        ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{name} = {v}: must be a finite number > 0"));
             }

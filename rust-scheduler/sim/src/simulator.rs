@@ -112,7 +112,7 @@ pub fn simulate(
     })?;
     let prior = TierStats::new(0.0, 1024.0, 128.0);
     let mut sim = Sim {
-        observer: ArrivalObserver::new(tiers.len(), 2.0 * settings.window_s, prior),
+        observer: ArrivalObserver::new(tiers.len(), 2.0 * settings.window_s, settings.demand_memory_s, prior),
         bytes_per_token: profile.kv_bytes_per_token.unwrap_or(0) as f64,
         ctx,
         policy,

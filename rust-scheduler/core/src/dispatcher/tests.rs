@@ -43,11 +43,11 @@ fn feasible_goes_to_least_loaded_then_spills_round_robin() {
     let b = d.dispatch(2, 0, 60).unwrap();
     assert_eq!((a.group_first_gpu, a.class), (0, DispatchClass::Feasible));
     assert_eq!((b.group_first_gpu, b.class), (1, DispatchClass::Feasible));
-    // Both chat groups have 40 left: a 50-token prompt spills.
+    // Both chat groups have 40 left: a 50-token prompt spills, round robin.
     let c = d.dispatch(3, 0, 50).unwrap();
     let e = d.dispatch(4, 0, 50).unwrap();
-    assert_eq!(c.class, DispatchClass::BestEffort);
-    assert_ne!(c.group_first_gpu, e.group_first_gpu, "spill is round robin");
+    assert_eq!((c.class, e.class), (DispatchClass::BestEffort, DispatchClass::BestEffort));
+    assert_ne!(c.group_first_gpu, e.group_first_gpu);
     assert_eq!(d.complete(1), Ok(60));
     assert_eq!(
         d.dispatch(5, 0, 50).unwrap(),
@@ -58,6 +58,16 @@ fn feasible_goes_to_least_loaded_then_spills_round_robin() {
             charge: 50
         }
     );
+}
+
+#[test]
+fn an_idle_group_takes_a_prompt_larger_than_its_budget() {
+    let p = plan(vec![group(0, Role::Colocated, 0, 100), group(0, Role::Colocated, 1, 0)]);
+    let mut d = Dispatcher::new(&tiers(), &p);
+    let big = d.dispatch(1, 0, 500).unwrap();
+    assert_eq!((big.group_first_gpu, big.class), (0, DispatchClass::Feasible));
+    // Now busy: the next one spills; the zero-budget group is never feasible.
+    assert_eq!(d.dispatch(2, 0, 10).unwrap().class, DispatchClass::BestEffort);
 }
 
 #[test]

@@ -54,6 +54,8 @@ pub struct GreedyInput<'a> {
     pub fairness_weighting: bool,
     pub allow_colocated: bool,
     pub allow_disaggregated: bool,
+    /// Scales every stage throughput (planned headroom).
+    pub utilization: f64,
 }
 
 struct State<'a> {
@@ -66,11 +68,12 @@ struct State<'a> {
 impl<'a> State<'a> {
     fn stage(&self, tier: usize, role: Role, tp_index: usize) -> f64 {
         let e = &self.input.estimates[tier].per_tp[tp_index];
-        match role {
-            Role::Prefill => e.prefill.throughput_rps,
-            Role::Decode => e.decode.throughput_rps,
-            Role::Colocated => e.colocated.throughput_rps,
-        }
+        self.input.utilization
+            * match role {
+                Role::Prefill => e.prefill.throughput_rps,
+                Role::Decode => e.decode.throughput_rps,
+                Role::Colocated => e.colocated.throughput_rps,
+            }
     }
 
     fn demand(&self, tier: usize) -> f64 {

@@ -46,6 +46,9 @@ pub struct PlannerConfig {
     pub fairness_weighting: bool,
     pub allow_colocated: bool,
     pub allow_disaggregated: bool,
+    /// Fraction of a group's SLO-compliant throughput the plan counts on:
+    /// near saturation, queueing alone breaks the TTFT, so plans keep headroom.
+    pub target_utilization: f64,
 }
 
 impl Default for PlannerConfig {
@@ -56,6 +59,7 @@ impl Default for PlannerConfig {
             fairness_weighting: true,
             allow_colocated: true,
             allow_disaggregated: true,
+            target_utilization: 0.85,
         }
     }
 }
@@ -90,6 +94,12 @@ impl Planner {
             return Err(PlanError::Config(format!(
                 "hysteresis = {}: must be a finite number >= 0",
                 config.hysteresis
+            )));
+        }
+        if !(config.target_utilization > 0.0 && config.target_utilization <= 1.0) {
+            return Err(PlanError::Config(format!(
+                "target_utilization = {}: must be in (0, 1]",
+                config.target_utilization
             )));
         }
         if !config.allow_colocated && !config.allow_disaggregated {
@@ -165,6 +175,7 @@ impl Planner {
             fairness_weighting: self.config.fairness_weighting,
             allow_colocated: self.config.allow_colocated,
             allow_disaggregated: self.config.allow_disaggregated,
+            utilization: self.config.target_utilization,
         };
         let chosen = greedy::assign(&input, Allocator::new(&self.cluster));
         let groups: Vec<(usize, Role, u32, u32)> = chosen
@@ -222,7 +233,9 @@ impl Planner {
             .iter()
             .map(|&(tier, role, tp, first_gpu)| {
                 let e = estimates[tier].at(tp).expect("planned TP levels were estimated");
-                group_plan(&tiers[tier], e, tier, role, first_gpu)
+                let mut g = group_plan(&tiers[tier], e, tier, role, first_gpu);
+                g.capacity_rps *= self.config.target_utilization;
+                g
             })
             .collect();
         out.sort_by_key(|g| g.first_gpu);

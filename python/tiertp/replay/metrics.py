@@ -1,0 +1,118 @@
+"""Per-run figures: goodput, per-tier SLO attainment, latency percentiles."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class TierSlo:
+    """A tier's SLOs (None for a background tier: completing is enough)."""
+
+    name: str
+    ttft_ms: float | None
+    tpot_ms: float | None
+
+    @property
+    def background(self) -> bool:
+        return self.ttft_ms is None
+
+    @staticmethod
+    def from_tierset(tiers) -> list[TierSlo]:
+        return [TierSlo(t["name"], t["ttft_ms"], t["tpot_ms"]) for t in tiers.to_list()]
+
+
+@dataclass(frozen=True)
+class TierMetrics:
+    """One tier in one run. `met`: requests completed within both SLOs (a
+    background tier: completed); `attainment` = met / requests (None when the
+    tier had no requests); percentiles over completed requests (None when
+    none completed); TPOT over requests with more than one output token."""
+
+    tier: str
+    requests: int
+    completed: int
+    rejected: int
+    met: int
+    attainment: float | None
+    goodput_rps: float
+    ttft_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run (policy, settings, load). goodput_rps = met / window_s: SLO-
+    meeting requests per second of offered-load window."""
+
+    requests: int
+    completed: int
+    rejected: int
+    met: int
+    attainment: float
+    goodput_rps: float
+    offered_rps: float
+    window_s: float
+    tiers: list[TierMetrics]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentiles(values: np.ndarray) -> dict[str, float | None]:
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return {f"p{p}": None for p in PERCENTILES}
+    return {f"p{p}": float(v) for p, v in zip(PERCENTILES, np.percentile(values, PERCENTILES))}
+
+
+def slo_met(slos: list[TierSlo], tier: np.ndarray, completed: np.ndarray, ttft: np.ndarray, tpot: np.ndarray,
+            output_tokens: np.ndarray) -> np.ndarray:
+    """Per request: completed within its tier's TTFT and TPOT SLOs (a
+    one-token request has no TPOT to miss; background: completed)."""
+    ttft_slo = np.array([s.ttft_ms if s.ttft_ms is not None else np.inf for s in slos])[tier]
+    tpot_slo = np.array([s.tpot_ms if s.tpot_ms is not None else np.inf for s in slos])[tier]
+    with np.errstate(invalid="ignore"):
+        tpot_ok = (output_tokens <= 1) | (tpot <= tpot_slo) | np.isinf(tpot_slo)
+        return completed & (ttft <= ttft_slo) & tpot_ok
+
+
+def compute_metrics(result: dict, tier: np.ndarray, output_tokens: np.ndarray, slos: list[TierSlo],
+                    window_s: float) -> RunMetrics:
+    """The figures of one conserved simulator result (see conservation.py)."""
+    completed = np.asarray(result["status"], dtype=object) == "completed"
+    ttft = np.asarray(result["ttft_ms"], dtype=np.float64)
+    tpot = np.asarray(result["tpot_ms"], dtype=np.float64)
+    met = slo_met(slos, tier, completed, ttft, tpot, output_tokens)
+    tiers = []
+    for i, slo in enumerate(slos):
+        mine = tier == i
+        n = int(mine.sum())
+        done = mine & completed
+        tiers.append(TierMetrics(
+            tier=slo.name,
+            requests=n,
+            completed=int(done.sum()),
+            rejected=int((mine & ~completed).sum()),
+            met=int((mine & met).sum()),
+            attainment=float((mine & met).sum() / n) if n else None,
+            goodput_rps=float((mine & met).sum() / window_s),
+            ttft_ms=percentiles(ttft[done]),
+            tpot_ms=percentiles(tpot[done & (output_tokens > 1)]),
+        ))
+    n = len(tier)
+    return RunMetrics(
+        requests=n,
+        completed=int(completed.sum()),
+        rejected=int(n - completed.sum()),
+        met=int(met.sum()),
+        attainment=float(met.sum() / n) if n else 0.0,
+        goodput_rps=float(met.sum() / window_s),
+        offered_rps=n / window_s,
+        window_s=window_s,
+        tiers=tiers,
+    )

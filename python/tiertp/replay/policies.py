@@ -1,0 +1,90 @@
+"""Which policies replay runs and the settings each is given.
+
+The policy names are the simulator's (`tiertp._scheduler.SIM_POLICIES`, the
+one list, defined in Rust). Baselines get their best settings with
+hindsight: every variant in their grid is replayed at each load and the one
+with the highest goodput is reported (DESIGN.md §5). SWEPT and KNOB_VALUES
+below are the one settings grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+TP_LEVELS = (1, 2, 4, 8)
+PREFILL_SHARES = (0.25, 0.5)
+# knob (a keyword of _scheduler.simulate) -> the values swept.
+KNOB_VALUES: dict[str, tuple] = {"tp": TP_LEVELS, "prefill_share": PREFILL_SHARES}
+# policy -> knobs swept with hindsight (() = one run with the policy's own settings).
+SWEPT: dict[str, tuple[str, ...]] = {
+    "tiertp": (),
+    "tiertp-no-fairness": (),
+    "tiertp-naive-switch": (),
+    "tiertp-static-tp": ("tp",),
+    "sglang": ("tp",),
+    "sglang-pd": ("tp", "prefill_share"),
+    "split": (),
+    "llumnix": ("tp",),
+    "chiron": ("tp",),
+    "oracle": (),
+}
+ALL = "all"
+
+
+def sim_policies() -> list[str]:
+    """The simulator's policy names; a clear error when this build lacks it."""
+    from tiertp import _scheduler
+
+    names = getattr(_scheduler, "SIM_POLICIES", None)
+    if names is None or not hasattr(_scheduler, "simulate"):
+        raise RuntimeError("this build of tiertp._scheduler has no simulator; rebuild it with ./scripts/setup.sh")
+    missing = [p for p in names if p not in SWEPT]
+    if missing:
+        raise RuntimeError(f"simulator policies {missing} have no settings grid in tiertp.replay.policies.SWEPT")
+    return list(names)
+
+
+def parse_policies(spec: str, valid: list[str]) -> list[str]:
+    """`all` or a comma list of names from `valid` (order kept, no repeats)."""
+    if spec.strip() == ALL:
+        return list(valid)
+    names = [p.strip() for p in spec.split(",") if p.strip()]
+    unknown = [p for p in names if p not in valid]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {unknown or spec!r}; valid: {ALL}, {', '.join(valid)}")
+    return list(dict.fromkeys(names))
+
+
+def pd_split_fits(gpus: int, tp: int, share: float) -> bool:
+    """A prefill/decode split needs whole TP groups on both sides."""
+    prefill = round(gpus * share)
+    decode = gpus - prefill
+    return prefill >= tp and decode >= tp and prefill % tp == 0 and decode % tp == 0
+
+
+def variants(policy: str, gpus: int, gpus_per_node: int, tp_levels: list[int]) -> list[dict]:
+    """The settings replayed for `policy` on this cluster: the grid with the
+    combinations that cannot be built (TP group larger than a node or the
+    cluster, replicas that do not tile the GPUs, a P/D split without whole
+    groups on both sides) left out. Never empty for a sweepable policy on a
+    cluster of at least one GPU."""
+    knobs = SWEPT[policy]
+    if not knobs:
+        return [{}]
+    grid = []
+    for values in itertools.product(*(KNOB_VALUES[k] for k in knobs)):
+        s = dict(zip(knobs, values))
+        tp = s.get("tp")
+        if tp is not None and (tp not in tp_levels or tp > min(gpus, gpus_per_node) or gpus % tp):
+            continue
+        if "prefill_share" in s and not pd_split_fits(gpus, tp or 1, s["prefill_share"]):
+            continue
+        grid.append(s)
+    if not grid:
+        raise ValueError(f"policy {policy!r}: no setting of {dict((k, KNOB_VALUES[k]) for k in knobs)} fits {gpus} GPUs")
+    return grid
+
+
+def label(settings: dict) -> str:
+    """`tp=2,prefill_share=0.5`; `default` for a policy's own settings."""
+    return ",".join(f"{k}={v:g}" for k, v in settings.items()) or "default"
