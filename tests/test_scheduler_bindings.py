@@ -162,11 +162,17 @@ def test_batch_policy(tmp_path):
     assert p.enqueue(2, "feasible", 10)
     assert p.enqueue(3, "best_effort", 10)
     assert not p.enqueue(2, "feasible", 10)
-    assert dict(p.queue_lengths()) == {"feasible": 1, "best_effort": 1, "background": 1}
+    assert dict(p.queue_lengths()) == {"feasible": 1, "best_effort": 1, "background": 1, "late": 0}
     assert p.next_batch(1) == [2, 3]
     assert len(p) == 1 and p.remove(1) and not p.remove(1)
     with pytest.raises(s.DispatchError, match="valid classes"):
         p.enqueue(9, "urgent", 1)
+    q = s.BatchPolicy(4)
+    q.enqueue_with_deadline(1, "feasible", 5, 1.0)
+    q.enqueue_with_deadline(2, "feasible", 5, 9.0)
+    assert q.demote_expired(2.0) == 1
+    assert dict(q.queue_lengths())["late"] == 1
+    assert q.next_batch(0) == [2, 1]
     assert s.DISPATCH_CLASSES == ["feasible", "best_effort", "background"]
     assert s.ROLES == ["prefill", "decode", "colocated"]
 

@@ -5,14 +5,17 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::dispatcher::DispatchClass;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Waiting {
     id: u64,
     tokens: u32,
+    /// Time by which the request must start to meet its TTFT (seconds, on
+    /// the caller's clock); infinite when it has none.
+    deadline: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -20,7 +23,11 @@ pub struct BatchPolicy {
     batch_cap: u32,
     /// Prompt tokens per iteration; 0 means no token limit.
     token_cap: u32,
-    queues: [VecDeque<Waiting>; 3],
+    /// Feasible, best-effort, background, then late: requests whose TTFT
+    /// deadline passed while waiting (they can no longer count as goodput).
+    queues: [VecDeque<Waiting>; 4],
+    /// The class each late request was queued under (for `drain`).
+    late_class: FxHashMap<u64, DispatchClass>,
     queued: FxHashSet<u64>,
 }
 
@@ -38,6 +45,7 @@ impl BatchPolicy {
             batch_cap: batch_cap.max(1),
             token_cap,
             queues: Default::default(),
+            late_class: FxHashMap::default(),
             queued: FxHashSet::default(),
         }
     }
@@ -58,11 +66,37 @@ impl BatchPolicy {
 
     /// Queues a request; false if it is already queued.
     pub fn enqueue(&mut self, id: u64, class: DispatchClass, tokens: u32) -> bool {
+        self.enqueue_with_deadline(id, class, tokens, f64::INFINITY)
+    }
+
+    /// Queues a request that can only meet its SLO if it starts by
+    /// `deadline` (see `demote_expired`).
+    pub fn enqueue_with_deadline(&mut self, id: u64, class: DispatchClass, tokens: u32, deadline: f64) -> bool {
         if !self.queued.insert(id) {
             return false;
         }
-        self.queues[queue_index(class)].push_back(Waiting { id, tokens });
+        self.queues[queue_index(class)].push_back(Waiting { id, tokens, deadline });
         true
+    }
+
+    /// Moves waiting feasible and best-effort requests whose deadline has
+    /// passed to the late queue, after background work: they can no longer
+    /// count as goodput, so under overload they must not delay requests that
+    /// still can. Deadlines follow arrival order, so expired requests sit at
+    /// the head of their queue (one queued out of order is caught once it
+    /// reaches the head). Returns how many moved.
+    pub fn demote_expired(&mut self, now: f64) -> usize {
+        let [feasible, best_effort, _, late] = &mut self.queues;
+        let mut moved = 0;
+        for (q, class) in [(feasible, DispatchClass::Feasible), (best_effort, DispatchClass::BestEffort)] {
+            while let Some(w) = q.front().copied().filter(|w| w.deadline <= now) {
+                q.pop_front();
+                late.push_back(w);
+                self.late_class.insert(w.id, class);
+                moved += 1;
+            }
+        }
+        moved
     }
 
     /// Removes a waiting request (cancel); false if it was not waiting.
@@ -70,6 +104,7 @@ impl BatchPolicy {
         if !self.queued.remove(&id) {
             return false;
         }
+        self.late_class.remove(&id);
         for q in &mut self.queues {
             if let Some(pos) = q.iter().position(|w| w.id == id) {
                 q.remove(pos);
@@ -103,6 +138,7 @@ impl BatchPolicy {
                 }
                 q.pop_front();
                 self.queued.remove(&head.id);
+                self.late_class.remove(&head.id);
                 tokens_left = tokens_left.saturating_sub(u64::from(head.tokens));
                 slots -= 1;
                 out.push(head.id);
@@ -112,19 +148,31 @@ impl BatchPolicy {
     }
 
     /// Empties every queue, in fill order (feasible, best-effort,
-    /// background; FCFS within each): what a group hands over when it stops.
+    /// background, late; FCFS within each), each request with the class it
+    /// was queued under: what a group hands over when it stops.
     pub fn drain(&mut self) -> Vec<(u64, DispatchClass)> {
         self.queued.clear();
         let mut out = Vec::new();
         for (q, class) in self.queues.iter_mut().zip(DispatchClass::ALL) {
             out.extend(q.drain(..).map(|w| (w.id, class)));
         }
+        let late_class = std::mem::take(&mut self.late_class);
+        out.extend(
+            self.queues[3]
+                .drain(..)
+                .map(|w| (w.id, late_class.get(&w.id).copied().unwrap_or(DispatchClass::BestEffort))),
+        );
         out
     }
 
-    /// Waiting requests per queue: [feasible, best_effort, background].
-    pub fn queue_lengths(&self) -> [usize; 3] {
-        [self.queues[0].len(), self.queues[1].len(), self.queues[2].len()]
+    /// Waiting requests per queue: [feasible, best_effort, background, late].
+    pub fn queue_lengths(&self) -> [usize; 4] {
+        [
+            self.queues[0].len(),
+            self.queues[1].len(),
+            self.queues[2].len(),
+            self.queues[3].len(),
+        ]
     }
 
     pub fn len(&self) -> usize {
@@ -150,7 +198,7 @@ mod tests {
         p.enqueue(4, Feasible, 10);
         p.enqueue(5, Background, 10);
         assert_eq!(p.next_batch(1), vec![3, 4, 2]);
-        assert_eq!(p.queue_lengths(), [0, 0, 2]);
+        assert_eq!(p.queue_lengths(), [0, 0, 2, 0]);
         assert_eq!(p.next_batch(0), vec![1, 5]);
         assert!(p.is_empty());
     }
@@ -190,6 +238,25 @@ mod tests {
         // 10 + 20 fit; 30 does not, and 40 may not overtake it.
         assert_eq!(got, vec![1, 2]);
         assert_eq!(p.next_batch(0), vec![3, 4]);
+    }
+
+    #[test]
+    fn expired_feasible_requests_yield_to_ones_that_can_still_make_it() {
+        let mut p = BatchPolicy::new(2, 0);
+        p.enqueue_with_deadline(1, Feasible, 10, 1.0);
+        p.enqueue_with_deadline(2, Feasible, 10, 5.0);
+        p.enqueue(3, BestEffort, 10);
+        p.enqueue_with_deadline(4, Feasible, 10, 6.0);
+        p.enqueue(5, Background, 10);
+        assert_eq!(p.demote_expired(0.5), 0);
+        assert_eq!(p.demote_expired(2.0), 1);
+        assert_eq!(p.queue_lengths(), [2, 1, 1, 1]);
+        assert_eq!(p.next_batch(0), vec![2, 4]);
+        // The expired one now waits behind best-effort and background work.
+        assert_eq!(p.next_batch(0), vec![3, 5]);
+        p.enqueue_with_deadline(6, Feasible, 10, 3.0);
+        p.demote_expired(9.0);
+        assert_eq!(p.drain(), vec![(1, Feasible), (6, Feasible)]);
     }
 
     #[test]

@@ -105,14 +105,17 @@ impl GroupSim {
         self.queue.len() + self.running.len()
     }
 
-    pub fn enqueue(&mut self, i: u32, class: DispatchClass, reqs: &[TraceRequest], progress: &[Progress]) {
+    /// Queues a request; `deadline` is when it must start to meet its TTFT.
+    pub fn enqueue(&mut self, i: u32, class: DispatchClass, deadline: f64, reqs: &[TraceRequest], progress: &[Progress]) {
         let left = reqs[i as usize].prompt_tokens - progress[i as usize].prefilled;
         self.queued_tokens += u64::from(left);
-        self.queue.enqueue(u64::from(i), class, left);
+        self.queue.enqueue_with_deadline(u64::from(i), class, left, deadline);
     }
 
-    /// Plans and times the next iteration; None if there is nothing to do.
-    pub fn start_iteration(&mut self, profile: &Profile, reqs: &[TraceRequest], progress: &[Progress]) -> Option<f64> {
+    /// Plans and times the next iteration at `now`; None if there is
+    /// nothing to do.
+    pub fn start_iteration(&mut self, now: f64, profile: &Profile, reqs: &[TraceRequest], progress: &[Progress]) -> Option<f64> {
+        self.queue.demote_expired(now);
         let mut budget = if self.spec.role == Role::Decode {
             0
         } else {

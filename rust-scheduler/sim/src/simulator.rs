@@ -82,6 +82,7 @@ struct Sim<'a> {
     migrated: u64,
     remaining: usize,
     bytes_per_token: f64,
+    deadline_aware: bool,
 }
 
 /// Replays `reqs` (sorted by arrival) under `policy_name`.
@@ -128,7 +129,9 @@ pub fn simulate(
         switches: 0,
         migrated: 0,
         remaining: reqs.len(),
+        deadline_aware: false,
     };
+    sim.deadline_aware = sim.policy.deadline_aware();
     let wall = Instant::now();
     let initial = sim.policy.initial(&sim.ctx);
     sim.apply(initial, true);
@@ -324,7 +327,15 @@ impl Sim<'_> {
         if kv_reservation(&self.ctx.reqs[i as usize]) > self.groups[g].kv_capacity {
             return self.reject(i);
         }
-        self.groups[g].enqueue(i, class, self.ctx.reqs, &self.progress);
+        // A request not yet started must begin prefill before its TTFT runs
+        // out (less the prefill itself, which the batch policy cannot know);
+        // the engine demotes it to best effort after that.
+        let r = &self.ctx.reqs[i as usize];
+        let deadline = match self.ctx.tiers.tiers()[r.tier].ttft_ms {
+            Some(ttft) if self.deadline_aware && self.progress[i as usize].prefilled == 0 => r.arrival_s + ttft / 1e3,
+            _ => f64::INFINITY,
+        };
+        self.groups[g].enqueue(i, class, deadline, self.ctx.reqs, &self.progress);
         self.kick(g);
     }
 
@@ -341,7 +352,7 @@ impl Sim<'_> {
             }
             return;
         }
-        if let Some(ms) = grp.start_iteration(self.ctx.profile, self.ctx.reqs, &self.progress) {
+        if let Some(ms) = grp.start_iteration(self.now, self.ctx.profile, self.ctx.reqs, &self.progress) {
             grp.busy = true;
             grp.iteration_start = self.now;
             grp.busy_until = self.now + ms / 1e3;

@@ -45,6 +45,13 @@ pub trait Policy {
     /// The settings this run used (reported).
     fn describe(&self) -> Value;
 
+    /// Whether groups demote requests whose TTFT deadline passed behind
+    /// those that can still meet it (tiertp's batch policy); SLO-agnostic
+    /// baselines serve strictly FCFS.
+    fn deadline_aware(&self) -> bool {
+        false
+    }
+
     /// Switch stop time for this policy's mechanism.
     fn switch_ms(&self, settings: &SimSettings) -> f64 {
         settings.switch_ms

@@ -100,6 +100,10 @@ impl Policy for Tiertp {
         json!({"tp_levels": self.planner.tp_levels()})
     }
 
+    fn deadline_aware(&self) -> bool {
+        true
+    }
+
     fn switch_ms(&self, settings: &SimSettings) -> f64 {
         match self.variant {
             Variant::NaiveSwitch => NAIVE_SWITCH_MS,
