@@ -23,8 +23,10 @@ test-rust:  ## Cargo tests (unit and property tests)
 test-python:  ## Pytest suite against the built extension
 	$(BIN)/python -m pytest -q tests
 
-bench: setup  ## All benchmarks, JSON on stdout
+bench: setup  ## All benchmarks, one JSON object each on stdout
 	$(BIN)/tiertp bench scheduler --json
+	$(BIN)/tiertp bench replay --json
+	$(BIN)/tiertp bench kv-migration --json
 
 lint:  ## Clippy with warnings as errors, and rustfmt
 	cargo clippy --workspace --all-targets --release -- -D warnings

@@ -21,7 +21,9 @@ MEASURE_MODULE = "tiertp.profiling.cli"
 
 def _mode_parser(prog: str, module: str) -> argparse.ArgumentParser:
     mod = importlib.import_module(module)
-    parser = argparse.ArgumentParser(prog=prog, description=(mod.__doc__ or "").strip())
+    parser = argparse.ArgumentParser(
+        prog=prog, description=(mod.__doc__ or "").strip(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     mod.add_arguments(parser)
     parser.set_defaults(_run=mod.run)
     return parser
@@ -34,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,
+        # Everything after `profile` goes to the mode's own parser; with no
+        # option prefix here, `--model ...` and `-h` land in `rest` too.
+        prefix_chars="+",
     )
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run)

@@ -1,0 +1,167 @@
+"""Everything tiertp does to make pinned SGLang (0.5.23) run on a CPU-only host.
+
+This is the one place for CPU compatibility shims. Nothing here changes
+SGLang's code; it only chooses settings SGLang already supports:
+
+- a stand-in ``sgl_kernel`` package (``_stubs/sgl_kernel``): PyPI ships only
+  CUDA builds, which fail to import without a GPU driver, yet SGLang's CPU
+  path imports a few names from it. Each stand-in raises a clear error if it
+  is ever called. It reaches SGLang's spawned processes through PYTHONPATH
+  (and ``sys.path``, which multiprocessing's spawn copies to children), and
+  only for CPU engines, so it can never shadow the real package on a GPU host.
+- environment: ``SGLANG_USE_CPU_ENGINE=1`` (without it ``device="cpu"`` fails
+  importing vllm's rotary embedding), ``TORCHDYNAMO_DISABLE=1`` (else the
+  first forward at TP>1 compiles for 20-30 s), ``SGLANG_CPU_OMP_THREADS_BIND``
+  (one core group per TP rank; required for TP>1), ``OMP_NUM_THREADS`` (cores
+  per rank, so ranks do not oversubscribe more than they must), and
+  ``SGLANG_NCCL_SO_PATH`` pointed at a path that does not exist: the PyPI torch
+  brings libnccl, and SGLang would otherwise build a NCCL communicator for the
+  CPU TP group and fail (``Expected a cuda device, but got: cpu``); with no
+  loadable NCCL it falls back to gloo, as on a real CPU host.
+- engine arguments that work on CPU (`engine_kwargs`).
+
+SGLang's plugin mechanism (entry points ``sglang.srt.plugins``, the hook
+registry) would be the supported way to patch code, but nothing here needs a
+patch, and entry points would have to be declared in pyproject.toml.
+
+All of this is per process: call `apply` in the process that will own the
+engine (a dedicated subprocess, see tiertp.engine.isolated), never in a
+long-lived process that also does other work.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# The one list of devices an engine can run on.
+DEVICES = ("cpu", "cuda")
+
+STUB_DIR = Path(__file__).resolve().parent / "_stubs"
+_NO_NCCL = "/nonexistent/tiertp-cpu-host-has-no-nccl/libnccl.so.2"
+# KV slots for a CPU engine unless the caller needs more: a CPU run never
+# needs SGLang's default (sized from free memory, i.e. gigabytes of KV).
+DEFAULT_CPU_MAX_TOTAL_TOKENS = 4096
+
+
+def check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; expected one of: {', '.join(DEVICES)}")
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads_bind(tp_size: int, cores: list[int] | None = None, cores_per_rank: int | None = None) -> str:
+    """The SGLANG_CPU_OMP_THREADS_BIND value: one core group per TP rank.
+
+    By default the cores are split evenly over the ranks; `cores_per_rank`
+    fixes the group size instead (1: one core stands in for one device). With
+    more ranks than cores, ranks share cores round-robin (see `oversubscribed`).
+    """
+    if tp_size < 1:
+        raise ValueError(f"TP size must be >= 1, got {tp_size}")
+    if cores_per_rank is not None and cores_per_rank < 1:
+        raise ValueError(f"cores per rank must be >= 1, got {cores_per_rank}")
+    if cores is None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cpu_count()))
+    per = cores_per_rank or max(1, len(cores) // tp_size)
+    if tp_size * per > len(cores):
+        per = min(per, len(cores))
+        groups = [[cores[(r * per + i) % len(cores)] for i in range(per)] for r in range(tp_size)]
+    else:
+        groups = [cores[r * per : (r + 1) * per] for r in range(tp_size)]
+    return "|".join(",".join(str(c) for c in g) for g in groups)
+
+
+def threads_per_rank(tp_size: int, cores_per_rank: int | None = None) -> int:
+    """OMP threads each rank runs: its core group's size."""
+    return cores_per_rank or max(1, cpu_count() // tp_size)
+
+
+def oversubscribed(tp_size: int) -> bool:
+    """True when TP ranks outnumber this process's cores (timings then include contention)."""
+    return tp_size > cpu_count()
+
+
+def process_env(device: str, tp_size: int, cores_per_rank: int | None = None) -> dict[str, str]:
+    """Environment variables an engine process (and its children) needs."""
+    check_device(device)
+    if device != "cpu":
+        return {}
+    return {
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "TORCHDYNAMO_DISABLE": "1",
+        "SGLANG_CPU_OMP_THREADS_BIND": cpu_threads_bind(tp_size, cores_per_rank=cores_per_rank),
+        "OMP_NUM_THREADS": str(threads_per_rank(tp_size, cores_per_rank)),
+        "SGLANG_NCCL_SO_PATH": _NO_NCCL,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(STUB_DIR), os.environ.get("PYTHONPATH", "")) if p),
+    }
+
+
+def apply(device: str, tp_size: int, cores_per_rank: int | None = None) -> None:
+    """Prepare this process to create an SGLang engine on `device` at `tp_size`.
+
+    Must run before the first `import sglang`. Sets the environment (inherited
+    by SGLang's spawned processes) and, on CPU, puts the sgl_kernel stand-in
+    on sys.path.
+    """
+    env = process_env(device, tp_size, cores_per_rank)
+    os.environ.update(env)
+    if device == "cpu":
+        if "sglang" in sys.modules:
+            # SGLang caches is_cpu() and its sgl_kernel imports at import time.
+            raise RuntimeError("tiertp.engine.sglang_compat.apply() must run before sglang is imported")
+        if str(STUB_DIR) not in sys.path:
+            sys.path.insert(0, str(STUB_DIR))
+        import sgl_kernel
+
+        if not getattr(sgl_kernel, "IS_TIERTP_STUB", False):
+            raise RuntimeError(f"expected tiertp's sgl_kernel stand-in, imported {sgl_kernel.__file__}")
+
+
+def engine_kwargs(device: str, tp_size: int, *, max_total_tokens: int | None = None) -> dict:
+    """SGLang Engine/ServerArgs keyword arguments for `device` at `tp_size`.
+
+    CPU: float32 (the CPU path's tested dtype), torch_native attention and
+    pytorch sampling (no sgl_kernel calls), no CUDA graphs, a small KV pool.
+    CUDA: SGLang's defaults (CUDA graphs on), bfloat16.
+    """
+    check_device(device)
+    common = {"tp_size": tp_size, "skip_server_warmup": True, "log_level": "warning"}
+    if device == "cuda":
+        kw = {**common, "device": "cuda", "dtype": "bfloat16"}
+        if max_total_tokens is not None:
+            kw["max_total_tokens"] = max_total_tokens
+        return kw
+    return {
+        **common,
+        "device": "cpu",
+        "dtype": "float32",
+        "attention_backend": "torch_native",
+        "sampling_backend": "pytorch",
+        "disable_cuda_graph": True,
+        "max_total_tokens": max_total_tokens or DEFAULT_CPU_MAX_TOTAL_TOKENS,
+    }
+
+
+class DeviceUnavailable(RuntimeError):
+    """The requested device is not present on this host."""
+
+
+def check_cuda_available() -> None:
+    """Raise DeviceUnavailable when `--device cuda` is asked for on a host without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DeviceUnavailable(
+            "device cuda requested but no CUDA GPU is visible to torch "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); "
+            "use --device cpu on this host"
+        )
