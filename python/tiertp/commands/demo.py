@@ -1,11 +1,12 @@
 """`tiertp demo`: the control loop on embedded defaults.
 
-Twelve 1-second control windows on 8 simulated GPUs with the embedded tiers
-(chat, agent, batch). Load shifts from chat to agent to batch; every window
-the planner re-plans from observed arrivals, the dispatcher places each
-arrival, and each group's batch policy picks its next batch. Prints one line
-per window: offered load, the plan (tier: groups as TPxcount/role), whether
-it changed and how many GPUs got commands.
+Thirty seconds of traffic on 8 simulated H100s serving Llama-3.1-8B (the
+shipped profile) with the embedded tiers (chat, agent, batch). The load
+shifts from chat to agent to batch every ten seconds. tiertp re-plans every
+1 s window (the production planner, dispatcher and batch policy, driven by
+the cluster simulator); SGLang-style replicas at TP1 serve the same trace.
+Prints tiertp's configuration each time it changes, then per-tier SLO
+attainment of both.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from tiertp import _scheduler
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.profile_source import add_profile_arguments, load_profile
 
-# (chat, agent, batch) requests/s per phase of four windows.
-PHASES = [(120.0, 10.0, 10.0), (20.0, 50.0, 10.0), (10.0, 10.0, 80.0)]
-LENGTHS = {"chat": (800, 200), "agent": (3000, 400), "batch": (1500, 300)}
+# (chat, agent, batch) requests/s in each 10-second phase.
+PHASES = [(260.0, 15.0, 15.0), (30.0, 90.0, 15.0), (15.0, 15.0, 160.0)]
+PHASE_S = 10.0
+# Mean (prompt, output) tokens per tier; lengths are exponential around them.
+LENGTHS = {"chat": (800, 200), "agent": (3000, 100), "batch": (1500, 300)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,56 +36,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def summarize(plan: _scheduler.Plan) -> str:
+def workload(names: list[str], seed: int) -> tuple[list[float], list[int], list[int], list[int]]:
+    """Poisson arrivals per tier and phase, sorted by time."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k, rates in enumerate(PHASES):
+        for tier, (name, rate) in enumerate(zip(names, rates)):
+            n = rng.poisson(rate * PHASE_S)
+            prompt, output = LENGTHS[name]
+            for t in rng.uniform(k * PHASE_S, (k + 1) * PHASE_S, n):
+                rows.append((float(t), tier, 1 + int(rng.exponential(prompt)), 1 + int(rng.exponential(output))))
+    rows.sort()
+    return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+
+
+def summarize(groups: list[dict]) -> str:
     per_tier: dict[str, Counter] = {}
-    for g in plan.groups():
+    for g in groups:
         per_tier.setdefault(g["tier"], Counter())[f"TP{g['tp']}/{g['role'][:4]}"] += 1
-    return "  ".join(f"{t}: " + ",".join(f"{k}x{n}" for k, n in sorted(c.items())) for t, c in per_tier.items())
+    return "  ".join(f"{t}: " + ",".join(f"{k}x{n}" for k, n in sorted(c.items())) for t, c in sorted(per_tier.items()))
+
+
+def attainment(res: dict, tiers: list[dict], tier_of: list[int]) -> dict[str, float]:
+    good, total = Counter(), Counter()
+    for i, t in enumerate(tier_of):
+        slo = tiers[t]
+        total[slo["name"]] += 1
+        ok = res["status"][i] == "completed" and (slo["background"] or (
+            res["ttft_ms"][i] <= slo["ttft_ms"] and res["tpot_ms"][i] <= slo["tpot_ms"]))
+        good[slo["name"]] += ok
+    return {name: good[name] / total[name] for name in total}
 
 
 def run(args: argparse.Namespace) -> int:
     profile = load_profile(args, default_gpu="h100", default_model="llama-3.1-8b")
     tiers = _scheduler.TierSet.load(str(DEFAULT_TIERS))
-    names = tiers.names
-    planner = _scheduler.Planner(profile, tiers, gpus=args.gpus)
-    prior = _scheduler.TierStats(0.0, 1024.0, 128.0)
-    observer = _scheduler.ArrivalObserver(tiers, 2.0, prior, memory_s=30.0)
-    rng = np.random.default_rng(args.seed)
-    print(f"profile {profile.name}; {args.gpus} GPUs; tiers {names}")
-    plan = planner.step({n: prior for n in names})["plan"]
-    dispatcher = _scheduler.Dispatcher(tiers, plan)
-    policies: dict[tuple[int, int], _scheduler.BatchPolicy] = {}
-    next_id = 0
-    classes: Counter = Counter()
-    for window in range(12):
-        rates = PHASES[window // 4]
-        arrivals = []
-        for name, rate in zip(names, rates):
-            for t in np.sort(rng.uniform(window, window + 1, rng.poisson(rate))):
-                prompt, output = LENGTHS[name]
-                observer.record(name, float(t), prompt, output)
-                arrivals.append((float(t), name, prompt))
-        for _, name, prompt in sorted(arrivals):
-            first, tp, cls, _ = dispatcher.dispatch(next_id, name, prompt)
-            classes[cls] += 1
-            group_caps = {(g["first_gpu"], g["tp"]): g for g in plan.groups()}
-            g = group_caps[(first, tp)]
-            policy = policies.setdefault((first, tp), _scheduler.BatchPolicy(g["batch_cap"], g["token_cap"]))
-            policy.enqueue(next_id, cls, prompt)
-            next_id += 1
-        batched = 0
-        for key, policy in policies.items():
-            for rid in policy.next_batch(0):
-                dispatcher.complete(rid)
-                batched += 1
-        out = planner.step(dict(observer.snapshot(window + 1.0)))
-        plan = out["plan"]
-        dispatcher.set_plan(plan)
-        for g in plan.groups():
-            if (g["first_gpu"], g["tp"]) in policies:
-                policies[(g["first_gpu"], g["tp"])].set_caps(g["batch_cap"], g["token_cap"])
-        load = " ".join(f"{n}={r:>4.0f}" for n, r in zip(names, rates))
-        change = f"changed, {len(out['commands'])} GPU commands" if out["changed"] else "kept"
-        print(f"window {window:2d}  offered {load}  batched {batched:3d}  -> {change:26s} {summarize(plan)}")
-    print(f"dispatched {next_id} requests: " + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
+    arrival, tier, prompt, output = workload(tiers.names, args.seed)
+    print(f"profile {profile.name}; {args.gpus} GPUs; tiers {tiers.names}; {len(arrival)} requests over "
+          f"{len(PHASES) * PHASE_S:.0f} s; load per phase (chat, agent, batch req/s): {PHASES}")
+    results = {}
+    for policy, settings in (("tiertp", {}), ("sglang", {"tp": 1})):
+        results[policy] = _scheduler.simulate(profile, tiers, arrival, tier, prompt, output, args.gpus, policy, **settings)
+    for entry in results["tiertp"]["timeline"]:
+        print(f"  t={entry['time_s']:5.1f}s  tiertp plan  {summarize(entry['groups'])}")
+    for policy, res in results.items():
+        att = attainment(res, tiers.to_list(), tier)
+        print(f"{policy:7s} SLO attainment " + "  ".join(f"{n} {a:6.1%}" for n, a in att.items())
+              + f"   switches {res['switches']}, migrated requests {res['migrated_requests']}")
     return 0
