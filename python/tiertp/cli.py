@@ -19,6 +19,7 @@ COMMANDS = [
     "bench",
     "profile",
     "replay",
+    "worker",
 ]
 
 

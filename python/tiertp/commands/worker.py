@@ -1,0 +1,52 @@
+"""`tiertp worker`: the node agent (docs/worker-protocol.md).
+
+Binds a ZeroMQ ROUTER socket, starts one execution process per device (SGLang
+on CPU: N logical devices), serves submit/cancel/apply_plan/stats/ping until
+SIGINT or SIGTERM, then stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tiertp.engine.models import EMBEDDED_MODELS
+from tiertp.worker.config import AgentConfig
+
+_DEFAULTS = AgentConfig()
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,2,4, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run the node agent (execution processes behind a ZeroMQ socket)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bind", default=_DEFAULTS.bind, help=f"ROUTER endpoint (default {_DEFAULTS.bind})")
+    p.add_argument("--model", default=_DEFAULTS.model,
+                   help=f"embedded model ({', '.join(EMBEDDED_MODELS)}) or an HF model directory "
+                        f"(default {_DEFAULTS.model})")
+    p.add_argument("--devices", type=int, default=_DEFAULTS.devices, help="logical devices on CPU")
+    p.add_argument("--tp-levels", type=_levels, default=_DEFAULTS.tp_levels,
+                   help="candidate TP levels, e.g. 1,2,4 (only TP 1 processes are started for now)")
+    p.add_argument("--max-total-tokens", type=int, default=_DEFAULTS.max_total_tokens,
+                   help="KV slots per execution process")
+    p.add_argument("--batch-cap", type=int, default=_DEFAULTS.batch_cap, help="requests per iteration until a plan")
+    p.add_argument("--log-dir", type=Path, default=None, help="execution process logs (default: a temp dir)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tiertp.engine.models import resolve_model
+    from tiertp.worker.agent import serve
+
+    # Fail here, naming the valid models, rather than in every execution process start.
+    resolve_model(args.model)
+    cfg = AgentConfig(model=args.model, bind=args.bind, devices=args.devices, tp_levels=args.tp_levels,
+                      max_total_tokens=args.max_total_tokens, batch_cap=args.batch_cap, log_dir=args.log_dir)
+    serve(cfg)
+    return 0

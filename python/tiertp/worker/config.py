@@ -1,0 +1,58 @@
+"""`AgentConfig`: the node agent's settings, parsed once and validated here.
+
+Every default is written once, in this dataclass; `tiertp worker` builds its
+options from it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of one node agent.
+
+    `tp_levels` are the candidate TP levels; warm processes run only at TP 1
+    for now (see tiertp.worker.agent for what TP switching still needs).
+    Times are seconds.
+    """
+
+    model: str = "tiny-llama"
+    bind: str = "tcp://127.0.0.1:7100"
+    devices: int = 1
+    device_kind: str = "cpu"
+    tp_levels: tuple[int, ...] = (1,)
+    max_total_tokens: int = 4096  # KV slots per execution process
+    batch_cap: int = 8  # per device until a plan sets it
+    token_cap: int = 0  # prompt tokens per iteration; 0: no limit
+    keepalive_s: float = 1.0  # how often idle processes are pinged
+    hang_timeout_s: float = 120.0  # a started process silent this long is killed and restarted
+    start_timeout_s: float = 300.0  # a process not ready after this long is killed and restarted
+    max_start_failures: int = 3  # consecutive failed starts before held requests are failed
+    log_dir: Path | None = None  # execution process logs; a temporary directory if None
+    extra_engine_args: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.devices < 1:
+            raise ValueError(f"--devices must be >= 1, got {self.devices}")
+        if self.device_kind != "cpu":
+            raise ValueError(f"device kind {self.device_kind!r} is not supported by the worker yet; expected: cpu")
+        if not self.tp_levels or any(t < 1 or t & (t - 1) for t in self.tp_levels):
+            raise ValueError(f"--tp-levels must be powers of two, got {list(self.tp_levels)}")
+        if 1 not in self.tp_levels:
+            raise ValueError(f"--tp-levels must include 1 (every device starts at TP 1), got {list(self.tp_levels)}")
+        if max(self.tp_levels) > self.devices:
+            raise ValueError(f"--tp-levels {max(self.tp_levels)} needs at least that many devices; "
+                             f"--devices is {self.devices}")
+        if self.batch_cap < 1:
+            raise ValueError(f"batch cap must be >= 1, got {self.batch_cap}")
+        if self.max_total_tokens < 16:
+            raise ValueError(f"--max-total-tokens must be >= 16, got {self.max_total_tokens}")
+        if not self.bind.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError(f"--bind must be a ZeroMQ endpoint (tcp://host:port or ipc://path), got {self.bind!r}")
+
+    def resolved_log_dir(self) -> Path:
+        return self.log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"tiertp-worker-{os.getpid()}"

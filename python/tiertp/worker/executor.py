@@ -1,0 +1,253 @@
+"""The execution process: one model replica on one TP group, driven by the agent.
+
+Run as ``python -m tiertp.worker.executor`` by tiertp.worker.process, in its
+own session (SGLang kills its whole process tree when a child fails, and
+the agent must be able to kill this process and SGLang's children as one
+group). It connects a ZeroMQ PAIR socket to the agent and loops:
+
+1. handle the agent's messages (between iterations only):
+   ``add`` (a request), ``cancel``, ``caps`` (batch/token caps), ``ping``,
+   ``shutdown``;
+2. ask the Rust batch policy (`tiertp._scheduler.BatchPolicy`) which waiting
+   requests join the running batch (`next_batch(running)`);
+3. run one iteration for the running batch (`StepRunner.step`) and send the
+   new tokens to the agent in one ``tokens`` message.
+
+To the agent: ``ready`` {pid, vocab_size, max_request_tokens,
+kv_capacity_tokens}; ``tokens`` {items: [{rid, token, finished,
+finish_reason}], running, waiting, kv_used_tokens}; ``pong`` and ``load``
+(after a cancel) {running, waiting, kv_used_tokens}; ``failed`` {rids, message} when an iteration
+raised (the process then exits; the agent fails the rest as worker_died);
+``exiting`` {reason} just before it exits, when it knows why (an SGLang
+child process died, an exception).
+
+The process exits when the agent says ``shutdown``, on SIGTERM/SIGINT, or
+when the agent dies (parent-death signal, and a parent-pid check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import psutil
+import zmq
+
+from tiertp import _scheduler
+from tiertp.worker import protocol as P
+from tiertp.worker.groups import TpGroup
+from tiertp.worker.runner import EngineStepRunner, StepInput, StepRunner
+
+_IDLE_POLL_MS = 200
+_WATCH_S = 0.5
+# Why this process is about to exit, when it knows (told to the agent in `exiting`).
+_exit_reason: list[str] = []
+
+
+@dataclass
+class _Req:
+    rid: int
+    input_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop_token_ids: tuple[int, ...]
+    output: list[int] = field(default_factory=list)
+
+    def step_input(self) -> StepInput:
+        return StepInput(self.rid, self.input_ids + self.output, len(self.output), self.temperature,
+                         self.top_p, self.seed, self.stop_token_ids)
+
+
+class ExecutionLoop:
+    """The loop above, over a connected socket and a started runner."""
+
+    def __init__(self, sock: zmq.Socket, runner: StepRunner, batch_cap: int, token_cap: int):
+        self.sock = sock
+        self.runner = runner
+        self.policy = _scheduler.BatchPolicy(batch_cap, token_cap)
+        self.waiting: dict[int, _Req] = {}
+        self.running: dict[int, _Req] = {}  # insertion order = batch order
+        self.parent = os.getppid()
+        self.stop = False
+
+    def _send(self, msg: dict) -> None:
+        self.sock.send(P.encode(msg))
+
+    def _load(self) -> dict:
+        kv = sum(len(r.input_ids) + len(r.output) for r in self.running.values())
+        return {"running": len(self.running), "waiting": len(self.waiting), "kv_used_tokens": kv}
+
+    def _handle(self, msg: dict) -> None:
+        kind = msg["type"]
+        if kind == "add":
+            r = _Req(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], msg["temperature"], msg["top_p"],
+                     msg["seed"], tuple(msg["stop_token_ids"]))
+            if self.policy.enqueue(r.rid, msg["cls"], len(r.input_ids)):
+                self.waiting[r.rid] = r
+        elif kind == "cancel":
+            self.policy.remove(msg["rid"])
+            self.waiting.pop(msg["rid"], None)
+            self.running.pop(msg["rid"], None)
+            # The agent's stats come from this process's reports; without this
+            # one they would show the cancelled request until the next ping.
+            self._send({"type": "load", **self._load()})
+        elif kind == "caps":
+            self.policy.set_caps(msg["batch_cap"], msg["token_cap"])
+        elif kind == "ping":
+            self._send({"type": "pong", **self._load()})
+        elif kind == "shutdown":
+            self.stop = True
+        else:  # the agent is the only peer; an unknown type is a bug there
+            raise RuntimeError(f"execution process got unknown message type {kind!r}")
+
+    def run(self) -> None:
+        while not self.stop:
+            busy = bool(self.running or self.waiting)
+            timeout = 0 if busy else _IDLE_POLL_MS
+            while self.sock.poll(timeout):
+                self._handle(P.decode(self.sock.recv()))
+                timeout = 0
+            if self.stop or os.getppid() != self.parent:  # agent gone: never outlive it
+                return
+            for rid in self.policy.next_batch(len(self.running)):
+                self.running[rid] = self.waiting.pop(rid)
+            if self.running:
+                self._iterate()
+
+    def _iterate(self) -> None:
+        batch = list(self.running.values())
+        try:
+            outs = self.runner.step([r.step_input() for r in batch])
+        except Exception as e:
+            self._send({"type": "failed", "rids": [r.rid for r in batch],
+                        "message": f"model iteration failed: {type(e).__name__}: {e}"})
+            raise
+        items = []
+        for r, o in zip(batch, outs, strict=True):
+            r.output.append(o.token)
+            reason = "stop" if o.stopped else "length" if len(r.output) >= r.max_tokens else None
+            items.append({"rid": r.rid, "token": o.token, "finished": reason is not None, "finish_reason": reason})
+            if reason is not None:
+                del self.running[r.rid]
+        self._send({"type": "tokens", "items": items, **self._load()})
+
+
+def _watch_engine_children() -> None:
+    """Exit (SIGTERM to this process) when one of SGLang's child processes dies.
+
+    Why: SGLang's own path is a child that notices a failure sending SIGQUIT
+    to this process, whose handler kills the tree (the agent then sees exit
+    code -9). When no child notices, `Engine.generate` would wait forever and
+    the agent would only see a hang after its hang timeout; this watcher is
+    the fallback that turns a dead child into a dead process at once.
+    """
+    children = psutil.Process().children(recursive=True)
+
+    def watch():
+        while True:
+            for c in children:
+                try:
+                    dead = c.status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    dead = True
+                if dead:
+                    _exit_reason.append(f"SGLang child process {c.pid} ({_name(c)}) died")
+                    print(_exit_reason[-1], file=sys.stderr, flush=True)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+            time.sleep(_WATCH_S)
+
+    threading.Thread(target=watch, name="engine-children-watch", daemon=True).start()
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:
+        return "?"
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG: the kernel sends SIGTERM when the agent dies, even by SIGKILL.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux; the parent-pid check in the loop still applies
+
+
+def _raise_exit(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tiertp.worker.executor")
+    ap.add_argument("--endpoint", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--first-device", type=int, required=True)
+    ap.add_argument("--tp", type=int, required=True)
+    ap.add_argument("--max-total-tokens", type=int, required=True)
+    ap.add_argument("--batch-cap", type=int, required=True)
+    ap.add_argument("--token-cap", type=int, required=True)
+    ap.add_argument("--engine-args", default="{}", help="JSON: more SGLang Engine keyword arguments")
+    args = ap.parse_args(argv)
+    _die_with_parent()
+    signal.signal(signal.SIGTERM, _raise_exit)
+    signal.signal(signal.SIGINT, _raise_exit)
+    group = TpGroup(args.first_device, args.tp)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(args.endpoint)
+    runner = EngineStepRunner(args.model, group, args.max_total_tokens, json.loads(args.engine_args))
+    code = 0
+    try:
+        limits = runner.start()
+        # SGLang's Engine sets signal handlers of its own; ours decide how this process ends.
+        signal.signal(signal.SIGTERM, _raise_exit)
+        signal.signal(signal.SIGINT, _raise_exit)
+        _watch_engine_children()
+        sock.send(P.encode({"type": "ready", "pid": os.getpid(), "vocab_size": limits.vocab_size,
+                            "max_request_tokens": limits.max_request_tokens,
+                            "kv_capacity_tokens": limits.kv_capacity_tokens}))
+        ExecutionLoop(sock, runner, args.batch_cap, args.token_cap).run()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException as e:
+        traceback.print_exc()
+        _exit_reason.append(f"{type(e).__name__}: {e}")
+        code = 1
+    finally:
+        if _exit_reason:
+            try:
+                sock.send(P.encode({"type": "exiting", "reason": _exit_reason[0]}), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        if code == 0:  # otherwise SGLang may be half dead; the group kill below ends it
+            try:
+                runner.close()
+            except Exception:
+                traceback.print_exc()
+        sock.close()  # lingers up to 1 s so `exiting` reaches the agent
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # SGLang's children share this process group (the agent started it in its
+        # own session); take them along, then skip interpreter teardown, which
+        # SGLang's atexit hooks can hang.
+        if os.getpgid(0) == os.getpid():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            os.killpg(0, signal.SIGTERM)
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

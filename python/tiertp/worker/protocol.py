@@ -1,0 +1,69 @@
+"""Wire names and the msgpack codec of docs/worker-protocol.md.
+
+Every name the protocol uses lives here once; parsing checks against these
+lists and error messages list the valid names. Messages are msgpack maps with
+a "type" key, one per ZeroMQ frame. The same codec carries the internal
+agent ⇄ execution process messages (see tiertp.worker.executor).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from tiertp import _scheduler
+
+# Client → agent.
+SUBMIT, CANCEL, APPLY_PLAN, STATS, PING = "submit", "cancel", "apply_plan", "stats", "ping"
+CLIENT_TYPES = (SUBMIT, CANCEL, APPLY_PLAN, STATS, PING)
+# Agent → client.
+TOKENS, ERROR, PLAN_APPLIED, PONG = "tokens", "error", "plan_applied", "pong"
+
+# Error codes of `error` messages.
+WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL = (
+    "worker_died", "cancelled", "bad_request", "overloaded", "internal")
+ERROR_CODES = (WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL)
+
+# Roles and classes are the Rust scheduler's lists (one spelling for both sides).
+ROLES = tuple(_scheduler.ROLES)
+CLASSES = tuple(_scheduler.DISPATCH_CLASSES)
+FINISH_REASONS = ("stop", "length")
+
+U64_MAX = 2**64 - 1
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be accepted; `code` is an ERROR_CODES value and
+    `request_id` the request it concerns (None when it names none)."""
+
+    def __init__(self, message: str, code: str = BAD_REQUEST, request_id: int | None = None):
+        super().__init__(message)
+        self.code = code
+        self.request_id = request_id
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(frame: bytes) -> dict[str, Any]:
+    """One frame → a map with a string "type"; ProtocolError naming the problem otherwise."""
+    try:
+        msg = _decoder.decode(frame)
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"frame is not valid msgpack ({e})") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"message must be a msgpack map, got {type(msg).__name__}")
+    kind = msg.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError('message has no string "type" field')
+    return msg
+
+
+def error(code: str, message: str, request_id: int | None = None) -> dict[str, Any]:
+    assert code in ERROR_CODES, code
+    return {"type": ERROR, "id": request_id, "code": code, "message": message}

@@ -1,0 +1,288 @@
+"""The node agent end to end: a real `tiertp worker` process (one CPU device,
+tiny-llama on SGLang) and real ZeroMQ DEALER clients speaking
+docs/worker-protocol.md.
+
+One agent serves the whole module (each engine start is 15-25 s). Tests run
+in file order; the last one shuts the agent down and checks that nothing it
+started is left. The fixture's finalizer kills the agent's process group
+whatever happens, so no engine outlives the module.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import psutil
+import pytest
+import zmq
+
+from tiertp.engine.isolated import kill_group, run_isolated
+
+MODEL = "tiny-llama"
+# Long enough for an engine start on a loaded 2-core machine; a guard against
+# hangs, not a timing assertion.
+RECV_TIMEOUT_S = 240
+PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 20]
+MAX_TOKENS = 12
+
+
+def _sampling(max_tokens: int = MAX_TOKENS, **over) -> dict:
+    return {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop_token_ids": [], **over}
+
+
+def _submit(rid: int, input_ids: list[int], max_tokens: int = MAX_TOKENS, **over) -> dict:
+    return {"type": "submit", "id": rid, "tier": "chat", "input_ids": input_ids, "sampling": _sampling(max_tokens),
+            "class": "feasible", **over}
+
+
+class Client:
+    """A DEALER client; `recv` fails the test (with the agent's log) instead of hanging."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, agent: "AgentProcess"):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.agent = agent
+
+    def send(self, msg: dict) -> None:
+        self.sock.send(msgspec.msgpack.encode(msg))
+
+    def send_raw(self, *frames: bytes) -> None:
+        self.sock.send_multipart(list(frames))
+
+    def recv(self) -> dict:
+        if not self.sock.poll(RECV_TIMEOUT_S * 1000):
+            pytest.fail(f"no message from the agent in {RECV_TIMEOUT_S} s\n{self.agent.log_tail()}")
+        return msgspec.msgpack.decode(self.sock.recv())
+
+    def request(self, msg: dict) -> dict:
+        self.send(msg)
+        return self.recv()
+
+    def barrier(self) -> list[dict]:
+        """Everything the agent sent this client before answering a ping."""
+        self.send({"type": "ping"})
+        seen = []
+        while (m := self.recv())["type"] != "pong":
+            seen.append(m)
+        return seen
+
+    def run_to_end(self, ids: set[int]) -> tuple[dict[int, list[dict]], dict[int, dict]]:
+        """Token items per id and each id's terminal message (a finished item or an error)."""
+        items: dict[int, list[dict]] = {i: [] for i in ids}
+        terminal: dict[int, dict] = {}
+        while set(terminal) != ids:
+            m = self.recv()
+            if m["type"] == "tokens":
+                for it in m["items"]:
+                    assert it["id"] in ids and it["id"] not in terminal, f"item after the end: {it}"
+                    items[it["id"]].append(it)
+                    if it["finished"]:
+                        terminal[it["id"]] = {"type": "tokens", **it}
+            elif m["type"] == "error" and m["id"] in ids:
+                assert m["id"] not in terminal, f"second terminal message: {m}"
+                terminal[m["id"]] = m
+            else:
+                pytest.fail(f"unexpected message {m}")
+        # Nothing more may come for these ids.
+        late = [m for m in self.barrier() if m.get("id") in ids or any(
+            it["id"] in ids for it in m.get("items", []))]
+        assert not late, late
+        return items, terminal
+
+
+class AgentProcess:
+    def __init__(self, tmp: Path):
+        self.endpoint = f"ipc://{tmp}/agent.sock"
+        self.log_path = tmp / "agent.log"
+        with open(self.log_path, "wb") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "tiertp.cli", "worker", "--bind", self.endpoint, "--model", MODEL,
+                 "--devices", "1", "--log-dir", str(tmp / "logs")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.log_dir = tmp / "logs"
+
+    def executors(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.popen.pid).children()
+                if "tiertp.worker.executor" in " ".join(p.cmdline())]
+
+    def log_tail(self) -> str:
+        text = self.log_path.read_text(errors="replace")[-3000:]
+        for f in sorted(self.log_dir.glob("*.log")):
+            text += f"\n--- {f.name} ---\n" + f.read_text(errors="replace")[-2000:]
+        return text
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """SGLang run directly on the same prompts, started alongside the agent."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(run_isolated, "tiertp.worker.reference:generate_ids",
+                         {"model": MODEL, "input_ids": PROMPTS, "max_tokens": MAX_TOKENS}, timeout_s=300)
+    yield future
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory, reference):
+    proc = AgentProcess(tmp_path_factory.mktemp("agent"))
+    yield proc
+    if proc.popen.poll() is None:
+        proc.popen.send_signal(signal.SIGTERM)
+        try:
+            proc.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc.popen)  # whatever is left in its group
+    for p in list(psutil.process_iter(["cmdline"])):  # executors live in their own sessions
+        if str(proc.log_dir) in " ".join(p.info["cmdline"] or []):
+            p.kill()
+
+
+@pytest.fixture
+def client(agent):
+    ctx = zmq.Context()
+    c = Client(ctx, agent.endpoint, agent)
+    yield c
+    c.sock.close()
+    ctx.term()
+
+
+def test_malformed_messages_are_answered_with_errors(client):
+    for frame, problem in [(b"\xc1", "not valid msgpack"), (msgspec.msgpack.encode([1, 2]), "msgpack map"),
+                           (msgspec.msgpack.encode({"id": 3}), '"type"')]:
+        client.send_raw(frame)
+        m = client.recv()
+        assert (m["type"], m["id"], m["code"]) == ("error", None, "bad_request") and problem in m["message"], m
+    m = client.request({"type": "launch"})
+    assert m["code"] == "bad_request" and "unknown message type 'launch'" in m["message"] and "submit" in m["message"]
+    m = client.request(_submit(9, [1, 2], **{"class": "urgent"}))
+    assert (m["type"], m["id"], m["code"]) == ("error", 9, "bad_request") and "unknown class 'urgent'" in m["message"]
+    client.send_raw(msgspec.msgpack.encode({"type": "ping"}), b"extra")
+    m = client.recv()
+    assert m["code"] == "bad_request" and "one frame per message" in m["message"]
+    assert client.request({"type": "ping"}) == {"type": "pong"}
+
+
+def test_submit_streams_greedy_tokens_equal_to_sglang_direct(client, reference):
+    for i, prompt in enumerate(PROMPTS):
+        client.send(_submit(i, prompt))
+    items, terminal = client.run_to_end(set(range(len(PROMPTS))))
+    expected = reference.result()
+    for i, prompt in enumerate(PROMPTS):
+        tokens = [t for it in items[i] for t in it["tokens"]]
+        assert tokens == expected[i], f"prompt {i}"
+        assert terminal[i]["type"] == "tokens" and terminal[i]["finish_reason"] == "length"
+        assert items[i][0]["prompt_tokens"] == len(prompt)
+        assert all("prompt_tokens" not in it for it in items[i][1:])
+
+
+def test_token_outside_vocabulary_is_a_bad_request(client):
+    m = client.request(_submit(20, [1, 10**9]))
+    assert (m["id"], m["code"]) == (20, "bad_request") and "vocabulary" in m["message"], m
+
+
+def test_cancel_ends_a_running_request_with_cancelled(client):
+    client.send(_submit(30, PROMPTS[0], max_tokens=3000))
+    first = client.recv()
+    assert first["type"] == "tokens" and first["items"][0]["id"] == 30, first
+    client.send({"type": "cancel", "id": 30})
+    while (m := client.recv())["type"] == "tokens":
+        assert not any(it["finished"] for it in m["items"]), m
+    assert (m["type"], m["id"], m["code"]) == ("error", 30, "cancelled"), m
+    assert not [x for x in client.barrier() if x.get("id") == 30 or x.get("items")]
+    m = client.request({"type": "cancel", "id": 30})
+    assert (m["type"], m["id"], m["code"]) == ("error", None, "bad_request") and "not in flight" in m["message"]
+
+
+def _stats(client) -> dict:
+    m = client.request({"type": "stats"})
+    assert m["type"] == "stats", m
+    return m
+
+
+@pytest.mark.parametrize("device, problem", [
+    ({"device": 0, "tp_group": [1, 2]}, "misaligned"),
+    ({"device": 3, "tp_group": [3, 1]}, "unknown device 3"),
+    ({"device": 0, "tp_group": [0, 2]}, "unknown device"),
+    ({"device": 0, "role": "leader"}, "unknown role 'leader'"),
+])
+def test_bad_plan_is_rejected_and_changes_nothing(client, device, problem):
+    before = _stats(client)
+    d = {"device": 0, "role": "decode", "tier": "chat", "tp_group": [0, 1], "batch_cap": 2, "token_cap": 0, **device}
+    m = client.request({"type": "apply_plan", "plan_id": 77, "devices": [d]})
+    assert (m["type"], m["plan_id"], m["ok"]) == ("plan_applied", 77, False) and problem in m["reason"], m
+    after = _stats(client)
+    assert after["plan_id"] == before["plan_id"]
+    assert [_assignment(d) for d in after["devices"]] == [_assignment(d) for d in before["devices"]]
+
+
+def _assignment(device: dict) -> dict:
+    """What a plan sets (load figures move on their own)."""
+    return {k: device[k] for k in ("device", "role", "tier", "tp_group")}
+
+
+def test_plan_without_tp_change_is_applied(client):
+    d = {"device": 0, "role": "decode", "tier": "chat", "tp_group": [0, 1], "batch_cap": 2, "token_cap": 0}
+    m = client.request({"type": "apply_plan", "plan_id": 5, "devices": [d]})
+    assert (m["ok"], m["reason"]) == (True, None), m
+    s = _stats(client)
+    assert s["plan_id"] == 5
+    assert _assignment(s["devices"][0]) == {
+        "device": 0, "role": "decode", "tier": "chat", "tp_group": [0, 1]}
+    # Three requests with a batch cap of 2 still all finish.
+    for i in range(3):
+        client.send(_submit(40 + i, PROMPTS[i], max_tokens=4))
+    _, terminal = client.run_to_end({40, 41, 42})
+    assert all(t["type"] == "tokens" for t in terminal.values()), terminal
+
+
+def _victim(executor: psutil.Process, which: str) -> psutil.Process:
+    if which == "executor":
+        return executor
+    [scheduler] = [c for c in executor.children() if "sglang::scheduler" in " ".join(c.cmdline())]
+    return scheduler
+
+
+@pytest.mark.parametrize("which", ["executor", "sglang-scheduler"])
+def test_killed_execution_process_fails_its_requests_and_is_restarted(agent, client, reference, which):
+    [old] = agent.executors()
+    victim = _victim(old, which)
+    rid = 50 if which == "executor" else 52
+    client.send(_submit(rid, PROMPTS[1], max_tokens=3000))
+    first = client.recv()
+    assert first["type"] == "tokens" and first["items"][0]["id"] == rid, first
+    victim.send_signal(signal.SIGKILL)
+    while (m := client.recv())["type"] == "tokens":
+        assert not any(it["finished"] for it in m["items"]), m
+    assert (m["type"], m["id"], m["code"]) == ("error", rid, "worker_died"), m
+    assert f"pid {old.pid}" in m["message"] and "device 0" in m["message"], m
+    # The next request is served by a new process (held by the agent until it is ready).
+    client.send(_submit(rid + 1, PROMPTS[2]))
+    items, terminal = client.run_to_end({rid + 1})
+    assert terminal[rid + 1]["type"] == "tokens", terminal
+    assert [t for it in items[rid + 1] for t in it["tokens"]] == reference.result()[2]
+    [new] = agent.executors()
+    assert new.pid != old.pid
+    assert not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_fails_in_flight_requests_and_leaves_no_process(agent, client):
+    client.send(_submit(60, PROMPTS[0], max_tokens=3000))
+    assert client.recv()["type"] == "tokens"
+    tree = [psutil.Process(agent.popen.pid)]
+    for ex in agent.executors():
+        tree += [ex, *ex.children(recursive=True)]
+    assert len(tree) >= 3, tree  # agent, executor, SGLang's scheduler at least
+    agent.popen.send_signal(signal.SIGTERM)
+    while (m := client.recv())["type"] == "tokens":
+        pass
+    assert (m["type"], m["id"], m["code"]) == ("error", 60, "worker_died") and "shutting down" in m["message"], m
+    assert agent.popen.wait(timeout=60) == 0
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, alive

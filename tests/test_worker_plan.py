@@ -1,0 +1,125 @@
+"""The node agent's pure parts: TP groups, plan validation, message parsing,
+the request table. No processes, no engines."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from tiertp.worker import protocol as P
+from tiertp.worker.groups import GroupError, TpGroup, aligned_groups
+from tiertp.worker.messages import parse_apply_plan, parse_submit
+from tiertp.worker.plan import TP_SWITCH_UNSUPPORTED, PlanRejected, check_plan, initial_assignments
+from tiertp.worker.requests import RequestTable
+
+
+def _plan(*devices, plan_id=1):
+    return parse_apply_plan({"type": "apply_plan", "plan_id": plan_id, "devices": [
+        {"device": d, "role": role, "tier": tier, "tp_group": list(group), "batch_cap": 4, "token_cap": 0}
+        for d, role, tier, group in devices]})
+
+
+@pytest.mark.parametrize("group, problem", [
+    ((1, 2), "misaligned"), ((2, 4), "misaligned"), ((0, 3), "not a power of two"), ((4, 4), "unknown device"),
+    ((6, 2), "unknown device"),
+])
+def test_bad_groups_name_the_problem(group, problem):
+    with pytest.raises(GroupError, match=problem):
+        TpGroup(*group).check(num_devices=4)
+
+
+def test_aligned_groups_are_contiguous_power_of_two_sets():
+    assert aligned_groups(4, [1, 2, 4]) == [TpGroup(0, 1), TpGroup(1, 1), TpGroup(2, 1), TpGroup(3, 1),
+                                            TpGroup(0, 2), TpGroup(2, 2), TpGroup(0, 4)]
+
+
+@pytest.mark.parametrize("devices, problem", [
+    ([(0, "decode", "chat", (1, 2))], "misaligned"),
+    ([(5, "decode", "chat", (5, 1))], "unknown device 5"),
+    ([(0, "decode", "chat", (0, 1)), (0, "decode", "chat", (0, 1))], "listed twice"),
+    ([(0, "decode", "chat", (2, 1))], "not in its TP group"),
+    ([(0, "decode", "chat", (0, 8))], "unknown device"),
+    ([(0, "decode", "chat", (0, 2)), (1, "prefill", "chat", (0, 2))], "different groups, roles or tiers"),
+    ([(0, "decode", "chat", (0, 2))], "different groups, roles or tiers"),  # device 1 left at TP1
+    ([(0, "decode", "chat", (0, 2)), (1, "decode", "chat", (0, 2))], TP_SWITCH_UNSUPPORTED),
+])
+def test_bad_plans_are_rejected_with_a_reason(devices, problem):
+    current = initial_assignments(4, batch_cap=8, token_cap=0)
+    with pytest.raises(PlanRejected, match=problem):
+        check_plan(_plan(*devices), current, tp_levels=[1, 2, 4])
+    assert current == initial_assignments(4, batch_cap=8, token_cap=0)
+
+
+def test_tp_level_outside_the_agents_levels_is_rejected():
+    current = initial_assignments(4, batch_cap=8, token_cap=0)
+    with pytest.raises(PlanRejected, match="TP level 2 is not one this agent runs"):
+        check_plan(_plan((0, "decode", "chat", (0, 2)), (1, "decode", "chat", (0, 2))), current, tp_levels=[1])
+
+
+def test_plan_without_tp_change_updates_roles_tiers_and_caps_only_of_listed_devices():
+    current = initial_assignments(2, batch_cap=8, token_cap=0)
+    new = check_plan(_plan((1, "prefill", "agent", (1, 1))), current, tp_levels=[1, 2])
+    assert (new[1].role, new[1].tier, new[1].batch_cap, new[1].tp_group) == ("prefill", "agent", 4, TpGroup(1, 1))
+    assert new[0] == current[0]
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("role", "leader", "unknown role 'leader'; expected one of: prefill, decode, colocated"),
+    ("tp_group", [0], r"tp_group must be \[first_gpu, tp\]"),
+    ("batch_cap", 0, "batch_cap = 0 is out of range"),
+    ("device", -1, "device = -1 is out of range"),
+])
+def test_malformed_plan_fields_are_named(field, value, problem):
+    d = {"device": 0, "role": "decode", "tier": "chat", "tp_group": [0, 1], "batch_cap": 4, "token_cap": 0}
+    d[field] = value
+    with pytest.raises(P.ProtocolError, match=problem):
+        parse_apply_plan({"type": "apply_plan", "plan_id": 1, "devices": [d]})
+
+
+def _submit(**over):
+    msg = {"type": "submit", "id": 7, "tier": "chat", "input_ids": [1, 2, 3], "class": "feasible",
+           "sampling": {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop_token_ids": []}}
+    msg.update(over)
+    return msg
+
+
+@pytest.mark.parametrize("over, problem", [
+    ({"input_ids": []}, "input_ids is empty"),
+    ({"input_ids": [1, "a"]}, r"input_ids\[1\] must be an integer"),
+    ({"class": "urgent"}, "unknown class 'urgent'; expected one of: feasible, best_effort, background"),
+    ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens = 0 is out of range"),
+    ({"sampling": {"max_tokens": 4, "top_p": 0}}, r"top_p must be in \(0, 1\]"),
+    ({"tier": None}, "tier must be a string"),
+    ({"group": [1]}, "group must be"),
+])
+def test_bad_submits_name_the_field_and_carry_the_id(over, problem):
+    with pytest.raises(P.ProtocolError, match=problem) as e:
+        parse_submit(_submit(**over))
+    assert e.value.request_id == 7 and e.value.code == P.BAD_REQUEST
+
+
+def test_submit_without_valid_id_carries_no_id():
+    with pytest.raises(P.ProtocolError, match="missing field 'id'") as e:
+        parse_submit({"type": "submit"})
+    assert e.value.request_id is None
+
+
+@pytest.mark.parametrize("frame, problem", [
+    (b"\xc1", "not valid msgpack"), (msgspec.msgpack.encode([1]), "must be a msgpack map"),
+    (msgspec.msgpack.encode({"id": 1}), 'no string "type"'),
+])
+def test_undecodable_frames_are_protocol_errors(frame, problem):
+    with pytest.raises(P.ProtocolError, match=problem):
+        P.decode(frame)
+
+
+def test_request_table_ends_each_request_once():
+    table = RequestTable()
+    req = table.add(b"client-a", parse_submit(_submit()), device=0)
+    other = table.add(b"client-b", parse_submit(_submit()), device=0)  # ids are per client
+    assert req.rid != other.rid
+    with pytest.raises(ValueError, match="already in flight"):
+        table.add(b"client-a", parse_submit(_submit()), device=0)
+    assert table.finish(req.rid) is req
+    assert table.finish(req.rid) is None
+    assert table.lookup(b"client-a", 7) is None and table.lookup(b"client-b", 7) is other
