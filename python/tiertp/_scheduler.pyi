@@ -150,6 +150,14 @@ class BatchPolicy:
     def __len__(self) -> int: ...
 
 def bench_scheduler(quick: bool = False) -> str: ...
+def bench_gateway(
+    requests: int | None = None,
+    concurrency: int | None = None,
+    workers: int | None = None,
+    max_tokens: int | None = None,
+    max_seconds: float | None = None,
+    threads: int | None = None,
+) -> str: ...
 
 SIM_POLICIES: list[str]
 

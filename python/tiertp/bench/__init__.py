@@ -8,4 +8,5 @@ BENCHES = {
     "scheduler": "tiertp.bench.scheduler",
     "kv-migration": "tiertp.bench.kv_migration",
     "replay": "tiertp.bench.replay",
+    "gateway": "tiertp.bench.gateway",
 }

@@ -8,6 +8,7 @@ mod batch;
 mod convert;
 mod dispatch;
 mod errors;
+mod gateway;
 mod planner;
 mod profile;
 mod sim;
@@ -29,6 +30,7 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::BatchPolicy>()?;
     m.add_function(wrap_pyfunction!(planner::bench_scheduler, m)?)?;
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(gateway::bench_gateway, m)?)?;
     m.add("SIM_POLICIES", tiertp_sim::POLICIES.map(|p| p.0).to_vec())?;
     m.add("ROLES", tiertp_scheduler::plan::Role::ALL.map(|r| r.name()).to_vec())?;
     m.add(

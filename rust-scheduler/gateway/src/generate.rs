@@ -1,0 +1,275 @@
+//! One request's life after admission: place it, submit it, follow its token
+//! stream, re-dispatch it when its worker dies before the first token, and
+//! turn token ids into text with stop strings. Dropping a `Running` (client
+//! gone, error, timeout) cancels it on the worker and returns its bandwidth.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiertp_scheduler::tiers::TierId;
+
+use crate::admission::Permit;
+use crate::control::Control;
+use crate::error::ApiError;
+use crate::tokenize::TextCodec;
+use crate::worker::{Submit, TokenEvent, TokenStream, WorkerClient};
+
+/// Everything a finished request reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: &'static str,
+    pub completion_tokens: u32,
+}
+
+/// A piece of output: new text, and the finish when it is the last.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece {
+    pub text: String,
+    pub finish: Option<Finish>,
+}
+
+pub struct Running {
+    control: Arc<Control>,
+    codec: Arc<TextCodec>,
+    request: Submit,
+    tier: TierId,
+    worker: Arc<dyn WorkerClient>,
+    rx: TokenStream,
+    tried: Vec<usize>,
+    max_attempts: u32,
+    timeout: Duration,
+    arrival: Instant,
+    first_token: Option<Instant>,
+    tokens: Vec<u32>,
+    stop: Vec<String>,
+    /// Bytes of decoded text already handed out.
+    emitted: usize,
+    done: bool,
+    _permit: Permit,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.done {
+            self.worker.cancel(self.request.id);
+            self.control.metrics.tiers[self.tier].errors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.control.complete(self.request.id);
+    }
+}
+
+pub struct Start {
+    pub tier: TierId,
+    pub input_ids: Vec<u32>,
+    pub sampling: crate::protocol::Sampling,
+    pub stop: Vec<String>,
+    pub permit: Permit,
+    pub arrival: Instant,
+}
+
+impl Running {
+    /// Places and submits; tries another worker when one is down.
+    pub fn start(control: Arc<Control>, codec: Arc<TextCodec>, s: Start, max_attempts: u32, timeout: Duration) -> Result<Self, ApiError> {
+        let id = control.new_request_id();
+        let request = Submit {
+            id,
+            tier: control.tiers().tiers()[s.tier].name.clone(),
+            input_ids: s.input_ids,
+            sampling: s.sampling,
+            class: "feasible",
+            group: None,
+        };
+        let mut tried = Vec::new();
+        let (worker, rx) = submit(&control, &request, s.tier, &mut tried, max_attempts)?;
+        Ok(Self {
+            control,
+            codec,
+            request,
+            tier: s.tier,
+            worker,
+            rx,
+            tried,
+            max_attempts,
+            timeout,
+            arrival: s.arrival,
+            first_token: None,
+            tokens: Vec::new(),
+            stop: s.stop,
+            emitted: 0,
+            done: false,
+            _permit: s.permit,
+        })
+    }
+
+    /// The gateway's id of the request (also the worker protocol's `id`).
+    pub fn id(&self) -> u64 {
+        self.request.id
+    }
+
+    pub fn prompt_tokens(&self) -> u32 {
+        self.request.input_ids.len() as u32
+    }
+
+    /// The next piece of output; `decode_each` false leaves all text to the
+    /// final piece (non-streaming without stop strings: one decode).
+    pub async fn next(&mut self, decode_each: bool) -> Result<Piece, ApiError> {
+        loop {
+            let event = match tokio::time::timeout(self.timeout, self.rx.recv()).await {
+                Ok(Some(e)) => e,
+                Ok(None) => TokenEvent::Failed(crate::worker::WorkerError::Died {
+                    worker: self.worker.name().to_string(),
+                    reason: "stream closed".into(),
+                }),
+                Err(_) => {
+                    return Err(ApiError::Timeout(format!(
+                        "worker {} sent nothing for {} s",
+                        self.worker.name(),
+                        self.timeout.as_secs_f64()
+                    )))
+                }
+            };
+            match event {
+                TokenEvent::Failed(e) if e.retriable() && self.tokens.is_empty() && (self.tried.len() as u32) < self.max_attempts => {
+                    log::info!("request {}: {e}; re-dispatching", self.request.id);
+                    self.control.complete(self.request.id);
+                    self.control.metrics.redispatches.fetch_add(1, Ordering::Relaxed);
+                    let (w, rx) = submit(&self.control, &self.request, self.tier, &mut self.tried, self.max_attempts)?;
+                    self.worker = w;
+                    self.rx = rx;
+                }
+                TokenEvent::Failed(e) => return Err(e.into()),
+                TokenEvent::Tokens {
+                    tokens,
+                    finished,
+                    finish_reason,
+                    ..
+                } => {
+                    if !tokens.is_empty() && self.first_token.is_none() {
+                        self.first_token = Some(Instant::now());
+                    }
+                    self.tokens.extend_from_slice(&tokens);
+                    if !finished && !decode_each && self.stop.is_empty() {
+                        continue;
+                    }
+                    let reason = match finish_reason.as_deref() {
+                        Some("stop") => "stop",
+                        _ => "length",
+                    };
+                    let piece = self.text_piece(finished.then_some(reason));
+                    if piece.finish.is_some() {
+                        self.finish();
+                    }
+                    if piece.finish.is_some() || !piece.text.is_empty() {
+                        return Ok(piece);
+                    }
+                }
+            }
+        }
+    }
+
+    /// New text since the last piece: cut at a stop string, and holding back
+    /// a tail that may still become one (or an incomplete UTF-8 character).
+    fn text_piece(&mut self, finish: Option<&'static str>) -> Piece {
+        let text = self.codec.decode(&self.tokens);
+        let start = self.emitted.min(text.len());
+        let start = (0..=start).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+        let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
+        let search_from = (0..=start.saturating_sub(longest))
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        let hit = self
+            .stop
+            .iter()
+            .filter_map(|s| text[search_from..].find(s.as_str()).map(|p| p + search_from))
+            .min();
+        let (end, finish) = match (hit, finish) {
+            (Some(p), _) => (p.max(start), Some("stop")),
+            (None, Some(f)) => (text.len(), Some(f)),
+            (None, None) => {
+                let mut end = text.len();
+                for s in &self.stop {
+                    for k in (1..s.len()).rev() {
+                        if s.is_char_boundary(k) && text.ends_with(&s[..k]) {
+                            end = end.min(text.len() - k);
+                            break;
+                        }
+                    }
+                }
+                if text.ends_with('\u{FFFD}') {
+                    end = end.min(text.len() - '\u{FFFD}'.len_utf8());
+                }
+                (end.max(start), None)
+            }
+        };
+        self.emitted = end;
+        Piece {
+            text: text[start..end].to_string(),
+            finish: finish.map(|reason| Finish {
+                reason,
+                completion_tokens: self.tokens.len() as u32,
+            }),
+        }
+    }
+
+    fn finish(&mut self) {
+        if !self.done && self.worker_still_running() {
+            // Stopped by a stop string: the worker is still generating.
+            self.worker.cancel(self.request.id);
+        }
+        self.done = true;
+        let m = &self.control.metrics.tiers[self.tier];
+        m.completions.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        let ttft = first.duration_since(self.arrival).as_secs_f64();
+        let n = self.tokens.len();
+        let tpot = if n > 1 {
+            now.duration_since(first).as_secs_f64() / (n - 1) as f64
+        } else {
+            0.0
+        };
+        m.ttft.observe(ttft);
+        if n > 1 {
+            m.tpot.observe(tpot);
+        }
+        let tier = &self.control.tiers().tiers()[self.tier];
+        let met = |slo: Option<f64>, v: f64| slo.is_none_or(|ms| v * 1e3 <= ms);
+        if met(tier.ttft_ms, ttft) && met(tier.tpot_ms, tpot) {
+            m.goodput.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the worker may still send for this request (it has not sent
+    /// its terminal item): the channel is open.
+    fn worker_still_running(&self) -> bool {
+        !self.rx.is_closed()
+    }
+}
+
+fn submit(
+    control: &Arc<Control>,
+    request: &Submit,
+    tier: TierId,
+    tried: &mut Vec<usize>,
+    max_attempts: u32,
+) -> Result<(Arc<dyn WorkerClient>, TokenStream), ApiError> {
+    loop {
+        let p = control.place(request.id, tier, request.input_ids.len() as u32, tried)?;
+        tried.push(p.worker);
+        let worker = control.workers[p.worker].clone();
+        let mut r = request.clone();
+        r.class = p.class;
+        r.group = Some(p.group);
+        match worker.submit(r) {
+            Ok(rx) => return Ok((worker, rx)),
+            Err(e) => {
+                control.complete(request.id);
+                if !e.retriable() || tried.len() as u32 >= max_attempts {
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+}

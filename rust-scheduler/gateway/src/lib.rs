@@ -1,0 +1,17 @@
+//! tiertp gateway: the OpenAI-compatible front door (DESIGN.md §4). Requests
+//! are mapped to SLO tiers, tokenized here, placed by the core dispatcher and
+//! sent to node agents over the worker control protocol; the core planner
+//! runs every control window and its plan changes go to the agents.
+
+pub mod admission;
+pub mod bench;
+pub mod config;
+pub mod control;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod protocol;
+pub mod server;
+pub mod tokenize;
+pub mod worker;

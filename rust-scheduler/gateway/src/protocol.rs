@@ -1,0 +1,180 @@
+//! Messages of the worker control protocol (docs/worker-protocol.md): one
+//! msgpack map per ZeroMQ frame, tagged by `"type"`. Both the gateway's
+//! client and the mock worker use these types, so they cannot drift apart.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    pub max_tokens: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub seed: Option<u64>,
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// One device of an `apply_plan`; indices are local to the agent (a TP group
+/// never spans nodes, and each agent is one node).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DevicePlan {
+    pub device: u32,
+    pub role: String,
+    pub tier: String,
+    pub tp_group: (u32, u32),
+    pub batch_cap: u32,
+    pub token_cap: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMsg {
+    Submit {
+        id: u64,
+        tier: String,
+        input_ids: Vec<u32>,
+        sampling: Sampling,
+        class: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<(u32, u32)>,
+    },
+    Cancel {
+        id: u64,
+    },
+    ApplyPlan {
+        plan_id: u64,
+        devices: Vec<DevicePlan>,
+    },
+    Stats,
+    Ping,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenItem {
+    pub id: u64,
+    pub tokens: Vec<u32>,
+    pub finished: bool,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanApplied {
+    pub plan_id: u64,
+    pub ok: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub switch_ms: f64,
+}
+
+/// Lenient: an agent reports nil for what it does not know (no plan yet,
+/// no KV limit configured).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    pub device: u32,
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub tier: Option<String>,
+    #[serde(default)]
+    pub tp_group: Option<(u32, u32)>,
+    #[serde(default)]
+    pub running: u32,
+    #[serde(default)]
+    pub waiting: u32,
+    #[serde(default)]
+    pub kv_used_tokens: Option<u64>,
+    #[serde(default)]
+    pub kv_capacity_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsReply {
+    pub devices: Vec<DeviceStats>,
+    #[serde(default)]
+    pub plan_id: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMsg {
+    Tokens {
+        items: Vec<TokenItem>,
+    },
+    Error {
+        #[serde(default)]
+        id: Option<u64>,
+        code: String,
+        message: String,
+    },
+    PlanApplied(PlanApplied),
+    Stats(StatsReply),
+    Pong,
+}
+
+/// Error codes of the `error` message.
+pub mod codes {
+    pub const WORKER_DIED: &str = "worker_died";
+    pub const CANCELLED: &str = "cancelled";
+    pub const BAD_REQUEST: &str = "bad_request";
+    pub const OVERLOADED: &str = "overloaded";
+    pub const INTERNAL: &str = "internal";
+}
+
+/// Encodes a message as a msgpack map (field names, as the Python side reads them).
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    rmp_serde::to_vec_named(msg).expect("protocol messages always serialize")
+}
+
+pub fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, rmp_serde::decode::Error> {
+    rmp_serde::from_slice(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_as_tagged_maps() {
+        let m = ClientMsg::Submit {
+            id: 7,
+            tier: "chat".into(),
+            input_ids: vec![1, 2],
+            sampling: Sampling {
+                max_tokens: 4,
+                temperature: 0.0,
+                top_p: 1.0,
+                seed: None,
+                stop_token_ids: vec![0],
+            },
+            class: "feasible".into(),
+            group: Some((0, 1)),
+        };
+        assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
+        for m in [
+            AgentMsg::Pong,
+            AgentMsg::PlanApplied(PlanApplied {
+                plan_id: 3,
+                ok: true,
+                reason: None,
+                switch_ms: 1.5,
+            }),
+        ] {
+            assert_eq!(decode::<AgentMsg>(&encode(&m)).unwrap(), m);
+        }
+        // What a Python agent sends: nil fields, optional keys left out, lists for pairs.
+        let stats = serde_json::json!({"type": "stats", "plan_id": 3, "devices": [{"device": 0, "role": "colocated", "tier": "chat",
+            "tp_group": [0, 1], "running": 1, "waiting": 0, "kv_used_tokens": 5, "kv_capacity_tokens": null}]});
+        let AgentMsg::Stats(s) = decode::<AgentMsg>(&encode(&stats)).unwrap() else {
+            panic!()
+        };
+        assert_eq!((s.devices[0].tp_group, s.devices[0].kv_capacity_tokens), (Some((0, 1)), None));
+        let tokens = serde_json::json!({"type": "tokens", "items": [{"id": 1, "tokens": [5], "finished": false}]});
+        assert!(matches!(decode::<AgentMsg>(&encode(&tokens)).unwrap(), AgentMsg::Tokens { .. }));
+        // The map carries "type", as the Python agent expects.
+        let v: rmp_serde::decode::Error = decode::<ClientMsg>(&encode(&serde_json::json!({"type": "nope"}))).unwrap_err();
+        assert!(v.to_string().contains("nope"), "{v}");
+    }
+}

@@ -1,0 +1,238 @@
+//! The worker control protocol over ZeroMQ (docs/worker-protocol.md): one
+//! DEALER socket per agent, a writer task fed by a channel (so the request
+//! path never awaits the socket), a reader task routing token batches to
+//! per-request channels, and a monitor task that fails every pending request
+//! when the connection drops.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rustc_hash::FxHashMap;
+use tokio::sync::{mpsc, oneshot};
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
+
+use super::{Submit, TokenEvent, TokenStream, WorkerClient, WorkerError};
+use crate::protocol::{self, AgentMsg, ClientMsg, DevicePlan, PlanApplied, StatsReply};
+
+struct Shared {
+    name: String,
+    alive: AtomicBool,
+    pending: Mutex<FxHashMap<u64, mpsc::UnboundedSender<TokenEvent>>>,
+    plan_waiters: Mutex<FxHashMap<u64, oneshot::Sender<PlanApplied>>>,
+    stats_waiters: Mutex<VecDeque<oneshot::Sender<StatsReply>>>,
+    out: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Shared {
+    fn died(&self, reason: &str) -> WorkerError {
+        WorkerError::Died {
+            worker: self.name.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Ends every pending request with `worker_died`: none may hang.
+    fn fail_all(&self, reason: &str) {
+        self.alive.store(false, Ordering::SeqCst);
+        let pending: Vec<_> = self.pending.lock().unwrap().drain().collect();
+        for (_, tx) in pending {
+            let _ = tx.send(TokenEvent::Failed(self.died(reason)));
+        }
+        self.plan_waiters.lock().unwrap().clear();
+        self.stats_waiters.lock().unwrap().clear();
+    }
+
+    fn route(&self, msg: AgentMsg) {
+        match msg {
+            AgentMsg::Tokens { items } => {
+                let mut pending = self.pending.lock().unwrap();
+                for item in items {
+                    let tx = if item.finished {
+                        pending.remove(&item.id)
+                    } else {
+                        pending.get(&item.id).cloned()
+                    };
+                    if let Some(tx) = tx {
+                        let _ = tx.send(TokenEvent::Tokens {
+                            tokens: item.tokens,
+                            finished: item.finished,
+                            finish_reason: item.finish_reason,
+                            prompt_tokens: item.prompt_tokens,
+                        });
+                    }
+                }
+            }
+            AgentMsg::Error {
+                id: Some(id),
+                code,
+                message,
+            } => {
+                if let Some(tx) = self.pending.lock().unwrap().remove(&id) {
+                    let _ = tx.send(TokenEvent::Failed(WorkerError::Rejected {
+                        worker: self.name.clone(),
+                        code,
+                        message,
+                    }));
+                }
+            }
+            AgentMsg::Error { id: None, code, message } => {
+                log::warn!("worker {}: protocol error {code}: {message}", self.name);
+            }
+            AgentMsg::PlanApplied(p) => {
+                if let Some(tx) = self.plan_waiters.lock().unwrap().remove(&p.plan_id) {
+                    let _ = tx.send(p);
+                }
+            }
+            AgentMsg::Stats(s) => {
+                if let Some(tx) = self.stats_waiters.lock().unwrap().pop_front() {
+                    let _ = tx.send(s);
+                }
+            }
+            AgentMsg::Pong => {}
+        }
+    }
+
+    fn send(&self, msg: &ClientMsg) -> Result<(), WorkerError> {
+        self.out.send(protocol::encode(msg)).map_err(|_| self.died("connection closed"))
+    }
+}
+
+pub struct ZmqWorker {
+    shared: Arc<Shared>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ZmqWorker {
+    /// Connects to an agent's ROUTER endpoint (e.g. `tcp://127.0.0.1:7100`).
+    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
+        let connect_err = |reason: String| WorkerError::Connect {
+            worker: endpoint.to_string(),
+            reason,
+        };
+        let mut socket = DealerSocket::new();
+        let mut monitor = socket.monitor();
+        tokio::time::timeout(timeout, socket.connect(endpoint))
+            .await
+            .map_err(|_| connect_err(format!("no connection within {} s", timeout.as_secs_f64())))?
+            .map_err(|e| connect_err(e.to_string()))?;
+        let (mut tx, mut rx) = socket.split();
+        let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let shared = Arc::new(Shared {
+            name: endpoint.to_string(),
+            alive: AtomicBool::new(true),
+            pending: Mutex::default(),
+            plan_waiters: Mutex::default(),
+            stats_waiters: Mutex::default(),
+            out,
+        });
+        let writer = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                while let Some(buf) = out_rx.recv().await {
+                    if let Err(e) = tx.send(ZmqMessage::from(buf)).await {
+                        shared.fail_all(&format!("send failed: {e}"));
+                    }
+                }
+            })
+        };
+        let reader = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(msg) => match msg.get(0).map(|f| protocol::decode::<AgentMsg>(f)) {
+                            Some(Ok(m)) => shared.route(m),
+                            Some(Err(e)) => log::warn!("worker {}: undecodable message: {e}", shared.name),
+                            None => {}
+                        },
+                        Err(e) => {
+                            shared.fail_all(&format!("receive failed: {e}"));
+                            break;
+                        }
+                    }
+                }
+            })
+        };
+        let watcher = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                while let Ok(event) = monitor.recv().await {
+                    match event {
+                        SocketEvent::Disconnected(_) | SocketEvent::Closed => shared.fail_all("connection lost"),
+                        SocketEvent::Connected(..) => shared.alive.store(true, Ordering::SeqCst),
+                        _ => {}
+                    }
+                }
+            })
+        };
+        Ok(Self {
+            shared,
+            tasks: vec![writer, reader, watcher],
+        })
+    }
+}
+
+impl Drop for ZmqWorker {
+    fn drop(&mut self) {
+        self.shared.fail_all("client closed");
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+#[async_trait]
+impl WorkerClient for ZmqWorker {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    fn submit(&self, r: Submit) -> Result<TokenStream, WorkerError> {
+        if !self.is_alive() {
+            return Err(self.shared.died("connection lost"));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.shared.pending.lock().unwrap().insert(r.id, tx);
+        let msg = ClientMsg::Submit {
+            id: r.id,
+            tier: r.tier,
+            input_ids: r.input_ids,
+            sampling: r.sampling,
+            class: r.class.to_string(),
+            group: r.group,
+        };
+        if let Err(e) = self.shared.send(&msg) {
+            self.shared.pending.lock().unwrap().remove(&r.id);
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
+    fn cancel(&self, id: u64) {
+        // Dropping the sender first: whatever the agent still sends is ignored.
+        if self.shared.pending.lock().unwrap().remove(&id).is_some() {
+            let _ = self.shared.send(&ClientMsg::Cancel { id });
+        }
+    }
+
+    async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.plan_waiters.lock().unwrap().insert(plan_id, tx);
+        self.shared.send(&ClientMsg::ApplyPlan { plan_id, devices })?;
+        rx.await.map_err(|_| self.shared.died("connection lost before plan_applied"))
+    }
+
+    async fn stats(&self) -> Result<StatsReply, WorkerError> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.stats_waiters.lock().unwrap().push_back(tx);
+        self.shared.send(&ClientMsg::Stats)?;
+        rx.await.map_err(|_| self.shared.died("connection lost before stats"))
+    }
+}
