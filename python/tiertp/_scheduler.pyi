@@ -159,6 +159,27 @@ def bench_gateway(
     threads: int | None = None,
 ) -> str: ...
 
+class GatewayServer:
+    """The OpenAI gateway, running on its own runtime (`tiertp serve`)."""
+
+    def __init__(
+        self,
+        tiers_path: str,
+        model: str,
+        model_dir: str,
+        workers: list[tuple[str, int]],
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        threads: int = 2,
+        worker_timeout_s: float = 120.0,
+        connect_timeout_s: float = 10.0,
+    ) -> None: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def running(self) -> bool: ...
+    def shutdown(self, timeout_s: float = 10.0) -> None: ...
+
 SIM_POLICIES: list[str]
 
 def simulate(

@@ -20,6 +20,7 @@ COMMANDS = [
     "profile",
     "replay",
     "worker",
+    "serve",
 ]
 
 

@@ -11,6 +11,7 @@ mod errors;
 mod gateway;
 mod planner;
 mod profile;
+mod serve;
 mod sim;
 mod stats;
 mod tiers;
@@ -31,6 +32,7 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(planner::bench_scheduler, m)?)?;
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(gateway::bench_gateway, m)?)?;
+    m.add_class::<serve::GatewayServer>()?;
     m.add("SIM_POLICIES", tiertp_sim::POLICIES.map(|p| p.0).to_vec())?;
     m.add("ROLES", tiertp_scheduler::plan::Role::ALL.map(|r| r.name()).to_vec())?;
     m.add(

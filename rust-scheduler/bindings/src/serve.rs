@@ -1,0 +1,118 @@
+//! `GatewayServer`: the OpenAI gateway (`tiertp_gateway::server`) run from
+//! Python (`tiertp serve`). The gateway runs on its own tokio runtime; Python
+//! only starts it, reads its address and stops it. The GIL is released while
+//! the gateway starts and stops.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use tiertp_gateway::config::{GatewayConfig, GatewayError, TokenizerSource, WorkerSpec};
+use tiertp_gateway::server::{run_gateway, GatewayHandle};
+use tiertp_scheduler::tiers::TierSet;
+
+use crate::errors::tier_err;
+
+fn gateway_err(e: GatewayError) -> PyErr {
+    match e {
+        GatewayError::Bind { .. } => PyOSError::new_err(e.to_string()),
+        GatewayError::Worker(_) => PyRuntimeError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// A running gateway. Starting connects to the worker agents and binds
+/// `host:port` (0: a free port); `shutdown()` stops accepting, lets
+/// in-flight requests finish and stops the runtime. Errors: TierConfigError
+/// (tiers file), ValueError (config, tokenizer), OSError (bind),
+/// RuntimeError (workers unreachable).
+#[pyclass(module = "tiertp._scheduler")]
+pub struct GatewayServer {
+    address: String,
+    running: Mutex<Option<(tokio::runtime::Runtime, GatewayHandle)>>,
+}
+
+#[pymethods]
+impl GatewayServer {
+    #[new]
+    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = "127.0.0.1".to_string(), port = 8000, threads = 2, worker_timeout_s = 120.0, connect_timeout_s = 10.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        tiers_path: String,
+        model: String,
+        model_dir: String,
+        workers: Vec<(String, u32)>,
+        host: String,
+        port: u16,
+        threads: usize,
+        worker_timeout_s: f64,
+        connect_timeout_s: f64,
+    ) -> PyResult<Self> {
+        let tiers = TierSet::load(&tiers_path).map_err(tier_err)?;
+        let ip: IpAddr = host
+            .parse()
+            .map_err(|_| PyValueError::new_err(format!("host {host:?} is not an IP address")))?;
+        for (name, v) in [("worker_timeout_s", worker_timeout_s), ("connect_timeout_s", connect_timeout_s)] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(PyValueError::new_err(format!("{name} = {v}: must be a finite number > 0")));
+            }
+        }
+        let specs = workers.into_iter().map(|(endpoint, gpus)| WorkerSpec { endpoint, gpus }).collect();
+        let mut config = GatewayConfig::new(&model, TokenizerSource::Dir(PathBuf::from(model_dir)), tiers, specs);
+        config.bind = SocketAddr::new(ip, port);
+        config.worker_timeout = Duration::from_secs_f64(worker_timeout_s);
+        config.connect_timeout = Duration::from_secs_f64(connect_timeout_s);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("tiertp-gateway")
+            .enable_all()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("tokio runtime: {e}")))?;
+        let handle = py.allow_threads(|| runtime.block_on(run_gateway(config))).map_err(gateway_err)?;
+        Ok(Self {
+            address: handle.addr.to_string(),
+            running: Mutex::new(Some((runtime, handle))),
+        })
+    }
+
+    /// `host:port` the gateway listens on.
+    #[getter]
+    fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    /// Whether the gateway is still serving (`shutdown` not called yet).
+    #[getter]
+    fn running(&self) -> bool {
+        self.running.lock().map(|r| r.is_some()).unwrap_or(false)
+    }
+
+    /// Stops the gateway (idempotent); waits at most `timeout_s` for
+    /// in-flight requests, then aborts them.
+    #[pyo3(signature = (timeout_s = 10.0))]
+    fn shutdown(&self, py: Python<'_>, timeout_s: f64) {
+        let taken = self.running.lock().ok().and_then(|mut r| r.take());
+        if let Some((runtime, handle)) = taken {
+            let wait = Duration::from_secs_f64(if timeout_s.is_finite() && timeout_s > 0.0 { timeout_s } else { 0.0 });
+            py.allow_threads(move || {
+                runtime.block_on(async move {
+                    let _ = tokio::time::timeout(wait, handle.shutdown()).await;
+                });
+                runtime.shutdown_timeout(Duration::from_secs(2));
+            });
+        }
+    }
+}
+
+impl Drop for GatewayServer {
+    fn drop(&mut self) {
+        if let Some((runtime, handle)) = self.running.get_mut().ok().and_then(|r| r.take()) {
+            drop(handle);
+            runtime.shutdown_background();
+        }
+    }
+}
