@@ -151,3 +151,22 @@ def test_out_of_space_receiver_aborts_with_old_layout_intact(transport):
     assert bad_res[0]["before"].keys() == {"a", "b"}
     # The same processes then migrate fine once there is room (nothing was left half-done).
     _check_migrated(ok, ok_res)
+
+
+def test_store_control_group_joins_processes_without_a_shared_world():
+    """A TP switch migrates between execution processes of different TP
+    levels, each in its own torch.distributed world: no process group spans
+    them. The handshake then runs over a store (StoreControlGroup) and the
+    bytes over shared memory; results must be the same as over gloo,
+    aborts included."""
+    scenarios = [_random_scenario(300 + i, "shm") for i in range(8)]
+    shape = KVShape(num_layers=2, num_kv_heads=4, head_dim=4, page_size=4)
+    old, new = Layout.of((0, 1)), Layout.of((2,), (3,))
+    reqs = [RequestKV("a", (5, 1, 3), 12, 0, 0), RequestKV("b", (2, 8), 7, 0, 1)]
+    scenarios.append(Scenario(shape, old, new, reqs, seed=3, default_pages=16, new_pages={3: 1}, transport="shm"))
+    results = run_world(WORLD, scenarios, timeout_s=180, control="store")
+    for sc, res in zip(scenarios[:-1], results[:-1]):
+        _check_migrated(sc, res)
+    for r in results[-1].values():
+        assert r["aborted"] == {3: "GPU 3: migration needs 2 free KV pages, pool has 1"}
+        assert r["new_free_unchanged"] and r["new_pool_untouched"] and r.get("old_pool_untouched", True)

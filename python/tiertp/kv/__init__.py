@@ -9,6 +9,7 @@ memory on one host), with the CUDA kernels or their CPU twin.
 
 from tiertp.kv.channel import RecvChannel, SendChannel, Transport
 from tiertp.kv.context import MigrationContext
+from tiertp.kv.control import ControlGroup, StoreControlGroup, TorchControlGroup
 from tiertp.kv.dist_transport import DistTransport
 from tiertp.kv.errors import (KVMigrationError, LayoutError, MigrationAborted, NoGPUError,
                               OutOfKVSpace)
@@ -22,8 +23,8 @@ from tiertp.kv.shape import KVShape
 from tiertp.kv.shm_transport import ShmTransport
 
 __all__ = [
-    "DistTransport", "HeadRange", "KVKernels", "KVMigrationError", "KVPool", "KVShape", "Layout",
+    "ControlGroup", "DistTransport", "HeadRange", "KVKernels", "KVMigrationError", "KVPool", "KVShape", "Layout",
     "LayoutError", "MigrationAborted", "MigrationContext", "MigrationPlan", "MigrationResult", "Move",
-    "NoGPUError", "OutOfKVSpace", "RecvChannel", "RequestKV", "SendChannel", "ShmTransport", "TPGroup",
-    "Transport", "assign_destinations", "heads_of_rank", "kernels_for", "migrate", "plan_migration",
+    "NoGPUError", "OutOfKVSpace", "RecvChannel", "RequestKV", "SendChannel", "ShmTransport", "StoreControlGroup", "TPGroup",
+    "TorchControlGroup", "Transport", "assign_destinations", "heads_of_rank", "kernels_for", "migrate", "plan_migration",
 ]

@@ -90,6 +90,11 @@ class DistTransport(Transport):
     name = "dist"
 
     def open(self, ctx, sends, recvs, capacity, slots, device):
+        if ctx.data_group is None and not isinstance(ctx.group, dist.ProcessGroup):
+            from tiertp.kv.errors import KVMigrationError
+
+            raise KVMigrationError("DistTransport needs a torch.distributed group for the bytes: set "
+                                   "MigrationContext.data_group (the control group is not a process group)")
         out = {p: DistSendChannel(ctx, p, capacity, slots, device) for p in sends}
         inc = {p: DistRecvChannel(ctx, p, sizes, capacity, slots, device) for p, sizes in recvs.items()}
         return out, inc

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from tiertp.kv.context import MigrationContext
 from tiertp.kv.errors import KVMigrationError, LayoutError, MigrationAborted, OutOfKVSpace
 from tiertp.kv.plan import MigrationPlan
@@ -45,9 +43,7 @@ def handshake(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | Non
     participant frees what it allocated and raises MigrationAborted naming
     the failures, before any KV byte was written anywhere. Returns request
     id -> allocated pages on this GPU (empty if it receives nothing)."""
-    world = dist.get_world_size(ctx.group)
-    manifests: list = [None] * world
-    dist.all_gather_object(manifests, _manifest(plan, ctx.gpu), group=ctx.group)
+    manifests = ctx.control.all_gather_object(_manifest(plan, ctx.gpu))
 
     allocated: dict[str, list[int]] = {}
     error = None
@@ -73,8 +69,7 @@ def handshake(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | Non
     except KVMigrationError as e:
         error = str(e)
 
-    votes: list = [None] * world
-    dist.all_gather_object(votes, (ctx.gpu, error), group=ctx.group)
+    votes = ctx.control.all_gather_object((ctx.gpu, error))
     failed = {gpu: reason for gpu, reason in votes if reason is not None}
     if failed:
         for pages in allocated.values():

@@ -5,6 +5,11 @@ group, builds the pools its GPU has in the old and new layouts, fills the
 old ones with random bits, migrates, and saves what it held before and
 after, so the caller can check bit-identity and byte counts from outside.
 Every process is joined with a deadline and killed if it overstays.
+
+control="store" runs the processes with no torch.distributed world at all:
+the handshake goes through a StoreControlGroup on a FileStore and the bytes
+through shared memory, as between the execution processes of two TP levels
+(each its own SGLang world) during a TP switch.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from tiertp.kv.context import MigrationContext
+from tiertp.kv.control import StoreControlGroup
 from tiertp.kv.dist_transport import DistTransport
 from tiertp.kv.errors import MigrationAborted
 from tiertp.kv.executor import migrate
@@ -72,11 +78,18 @@ def _fill_group(sc: Scenario, group_index: int, pool: KVPool) -> None:
     pool.block.copy_(full[:, :, :, pool.heads.start:pool.heads.stop])
 
 
-def _worker(rank: int, world: int, store: str, scenarios: list[Scenario], outdir: str, timeout_s: float) -> None:
+def _worker(rank: int, world: int, store: str, scenarios: list[Scenario], outdir: str, timeout_s: float,
+            control: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # If we are about to be killed for overstaying, say where we were stuck.
     faulthandler.dump_traceback_later(max(1.0, timeout_s - 5), exit=False)
     torch.set_num_threads(1)
+    if control == "store":
+        group = StoreControlGroup(dist.FileStore(store, world), rank, world, "kv-harness", timeout_s=60)
+        ctx = MigrationContext(gpu=rank, group=group, gpu_to_rank={g: g for g in range(world)}, timeout_s=60)
+        for i, sc in enumerate(scenarios):
+            torch.save(_run_one(ctx, sc), Path(outdir) / f"{i}-{rank}.pt")
+        return
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     group = dist.new_group(list(range(world)), backend="gloo")
@@ -122,23 +135,27 @@ def _run_one(ctx: MigrationContext, sc: Scenario) -> dict:
     return out
 
 
-def _entry(rank, world, store, scenarios, outdir, errq, timeout_s):
+def _entry(rank, world, store, scenarios, outdir, errq, timeout_s, control):
     try:
-        _worker(rank, world, store, scenarios, outdir, timeout_s)
+        _worker(rank, world, store, scenarios, outdir, timeout_s, control)
     except BaseException:
         errq.put((rank, traceback.format_exc()))
         raise
 
 
-def run_world(world: int, scenarios: list[Scenario], timeout_s: float = 120.0) -> list[dict[int, dict]]:
+def run_world(world: int, scenarios: list[Scenario], timeout_s: float = 120.0,
+              control: str = "torch") -> list[dict[int, dict]]:
     """Run every scenario on `world` processes (GPU ids 0..world-1); returns,
     per scenario, GPU -> what that process saved. Raises RuntimeError with
-    the children's tracebacks if any failed or overstayed the deadline."""
+    the children's tracebacks if any failed or overstayed the deadline.
+    control: "torch" (one gloo world) or "store" (no world; shm transport only)."""
+    if control not in ("torch", "store"):
+        raise ValueError(f"control {control!r}: expected 'torch' or 'store'")
     spawn = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="tiertp-kv-") as tmp:
         store = os.path.join(tmp, "store")
         errq = spawn.Queue()
-        procs = [spawn.Process(target=_entry, args=(r, world, store, scenarios, tmp, errq, timeout_s), daemon=True)
+        procs = [spawn.Process(target=_entry, args=(r, world, store, scenarios, tmp, errq, timeout_s, control), daemon=True)
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -19,7 +19,6 @@ import uuid
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from tiertp.kv.channel import RecvChannel, SendChannel, Transport
 from tiertp.kv.context import MigrationContext
@@ -155,9 +154,8 @@ class ShmTransport(Transport):
     def open(self, ctx, sends, recvs, capacity, slots, device):
         if torch.device(device).type != "cpu":
             raise KVMigrationError("ShmTransport moves CPU tensors only; use DistTransport (NCCL) on GPU")
-        ids: list = [None] * dist.get_world_size(ctx.group)
-        dist.all_gather_object(ids, uuid.uuid4().hex[:12], group=ctx.group)
-        session = ids[0]
+        control = ctx.control
+        session = control.all_gather_object(uuid.uuid4().hex[:12])[0]
 
         def path(src: int, dst: int) -> str:
             return os.path.join(_SHM_DIR, f"tiertp-kv-{session}-{src}-{dst}")
@@ -166,9 +164,9 @@ class ShmTransport(Transport):
         try:
             for p in sends:
                 created[p] = _Segment(path(ctx.gpu, p), capacity, slots, create=True)
-            dist.barrier(group=ctx.group)
+            control.barrier()
             opened = {p: _Segment(path(p, ctx.gpu), capacity, slots, create=False) for p in recvs}
-            dist.barrier(group=ctx.group)  # every receiver has mapped its files
+            control.barrier()  # every receiver has mapped its files
         finally:
             for p in sends:
                 _Segment.unlink(path(ctx.gpu, p))
