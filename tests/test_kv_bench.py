@@ -28,7 +28,7 @@ def test_defaults_are_gloo_with_repeats():
     parser = argparse.ArgumentParser()
     kv_migration.add_arguments(parser)
     args = parser.parse_args([])
-    assert args.transport == "dist" and args.repeat >= 3 and args.per_page_sample > 0
+    assert args.transport == "dist" and args.page_size == 1 and args.repeat >= 3 and args.per_page_sample > 0
 
 
 @pytest.mark.parametrize("transport", ["dist", "shm"])

@@ -1,7 +1,8 @@
 """KV migration between two processes: per-page vs aggregate vs pipelined.
 
-A Llama-8B-shaped KV (32 layers, 8 KV heads, head dim 128, bf16, 16-token
-pages) of one request with a random, fragmented page list moves from process
+A Llama-8B-shaped KV (32 layers, 8 KV heads, head dim 128, bf16, 1-token
+pages: SGLang 0.5.23's default page_size, which the CPU workers use; --page-size 16
+for a coarser layout) of one request with a random, fragmented page list moves from process
 A (GPU 0's pool, TP1) to process B (GPU 1's pool, TP1): the prefill -> decode
 hand-off, every head moving. Methods, all through the same transport (gloo
 by default, --transport shm for shared memory):
@@ -42,7 +43,10 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 16384, 40960],
                    help="comma-separated context lengths (default 4096,16384,40960)")
-    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (SGLang's default: 16)")
+    # SGLang 0.5.23 resolves page_size=None to 1 on every non-MUSA platform unless the attention
+    # backend needs larger pages (server_args post-processing `_page_size_default`).
+    p.add_argument("--page-size", type=int, default=1,
+                   help="tokens per KV page (default 1: SGLang's default page_size)")
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
