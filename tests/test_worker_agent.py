@@ -245,7 +245,9 @@ def test_plan_without_tp_change_is_applied(client):
 def _victim(executor: psutil.Process, which: str) -> psutil.Process:
     if which == "executor":
         return executor
-    [scheduler] = [c for c in executor.children() if "sglang::scheduler" in " ".join(c.cmdline())]
+    # The process holding the model: SGLang's scheduler (engine runner) or rank 0 (TP instance runner).
+    [scheduler] = [c for c in executor.children()
+                   if any(tag in " ".join(c.cmdline()) for tag in ("sglang::scheduler", "tiertp::tp"))]
     return scheduler
 
 

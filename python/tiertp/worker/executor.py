@@ -11,7 +11,11 @@ group). It connects a ZeroMQ PAIR socket to the agent and loops:
 2. ask the Rust batch policy (`tiertp._scheduler.BatchPolicy`) which waiting
    requests join the running batch (`next_batch(running)`);
 3. run one iteration for the running batch (`StepRunner.step`) and send the
-   new tokens to the agent in one ``tokens`` message.
+   new tokens to the agent in one ``tokens`` message; requests that finished
+   (or were cancelled) are released to the runner, which frees their KV.
+
+The runner is chosen with ``--runner`` (tiertp.worker.runner.RUNNERS; the
+default, or the TIERTP_STEP_RUNNER environment variable when set).
 
 To the agent: ``ready`` {pid, vocab_size, max_request_tokens,
 kv_capacity_tokens}; ``tokens`` {items: [{rid, token, finished,
@@ -28,7 +32,6 @@ when the agent dies (parent-death signal, and a parent-pid check).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -42,9 +45,10 @@ import psutil
 import zmq
 
 from tiertp import _scheduler
+from tiertp.execution.process_util import die_with_parent
 from tiertp.worker import protocol as P
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import EngineStepRunner, StepInput, StepRunner
+from tiertp.worker.runner import DEFAULT_RUNNER, RUNNERS, RunnerDied, StepInput, StepRunner, make_runner
 
 _IDLE_POLL_MS = 200
 _WATCH_S = 0.5
@@ -97,7 +101,8 @@ class ExecutionLoop:
         elif kind == "cancel":
             self.policy.remove(msg["rid"])
             self.waiting.pop(msg["rid"], None)
-            self.running.pop(msg["rid"], None)
+            if self.running.pop(msg["rid"], None) is not None:
+                self.runner.release([msg["rid"]])
             # The agent's stats come from this process's reports; without this
             # one they would show the cancelled request until the next ping.
             self._send({"type": "load", **self._load()})
@@ -128,28 +133,39 @@ class ExecutionLoop:
         batch = list(self.running.values())
         try:
             outs = self.runner.step([r.step_input() for r in batch])
+        except RunnerDied as e:  # not a failed iteration: this worker is dead
+            _exit_reason.append(str(e))
+            raise
         except Exception as e:
             self._send({"type": "failed", "rids": [r.rid for r in batch],
                         "message": f"model iteration failed: {type(e).__name__}: {e}"})
             raise
-        items = []
+        items, finished = [], []
         for r, o in zip(batch, outs, strict=True):
+            if o.token is None:  # still prefilling (chunked) or waiting for KV space
+                continue
             r.output.append(o.token)
             reason = "stop" if o.stopped else "length" if len(r.output) >= r.max_tokens else None
             items.append({"rid": r.rid, "token": o.token, "finished": reason is not None, "finish_reason": reason})
             if reason is not None:
                 del self.running[r.rid]
-        self._send({"type": "tokens", "items": items, **self._load()})
+                finished.append(r.rid)
+        if finished:
+            self.runner.release(finished)
+        if items:
+            self._send({"type": "tokens", "items": items, **self._load()})
 
 
 def _watch_engine_children() -> None:
-    """Exit (SIGTERM to this process) when one of SGLang's child processes dies.
+    """Exit (SIGTERM to this process) when one of the runner's child processes
+    (SGLang's, or the TP instance's rank processes) dies.
 
     Why: SGLang's own path is a child that notices a failure sending SIGQUIT
     to this process, whose handler kills the tree (the agent then sees exit
     code -9). When no child notices, `Engine.generate` would wait forever and
     the agent would only see a hang after its hang timeout; this watcher is
-    the fallback that turns a dead child into a dead process at once.
+    the fallback that turns a dead child into a dead process at once (the
+    TP instance notices a dead rank itself, while it waits for an answer).
     """
     children = psutil.Process().children(recursive=True)
 
@@ -161,7 +177,7 @@ def _watch_engine_children() -> None:
                 except psutil.NoSuchProcess:
                     dead = True
                 if dead:
-                    _exit_reason.append(f"SGLang child process {c.pid} ({_name(c)}) died")
+                    _exit_reason.append(f"model child process {c.pid} ({_name(c)}) died")
                     print(_exit_reason[-1], file=sys.stderr, flush=True)
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
@@ -177,14 +193,6 @@ def _name(p: psutil.Process) -> str:
         return "?"
 
 
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: the kernel sends SIGTERM when the agent dies, even by SIGKILL.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux; the parent-pid check in the loop still applies
-
-
 def _raise_exit(signum, _frame):
     raise SystemExit(128 + signum)
 
@@ -198,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-total-tokens", type=int, required=True)
     ap.add_argument("--batch-cap", type=int, required=True)
     ap.add_argument("--token-cap", type=int, required=True)
-    ap.add_argument("--engine-args", default="{}", help="JSON: more SGLang Engine keyword arguments")
+    ap.add_argument("--engine-args", default="{}", help="JSON: more SGLang Engine/server keyword arguments")
+    ap.add_argument("--runner", choices=RUNNERS, default=os.environ.get("TIERTP_STEP_RUNNER") or DEFAULT_RUNNER,
+                    help=f"step runner (default {DEFAULT_RUNNER}, or $TIERTP_STEP_RUNNER)")
     args = ap.parse_args(argv)
-    _die_with_parent()
+    # The kernel sends SIGTERM when the agent dies, even by SIGKILL; the
+    # parent-pid check in the loop covers systems without it.
+    die_with_parent()
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGINT, _raise_exit)
     group = TpGroup(args.first_device, args.tp)
@@ -208,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = ctx.socket(zmq.PAIR)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(args.endpoint)
-    runner = EngineStepRunner(args.model, group, args.max_total_tokens, json.loads(args.engine_args))
+    runner = make_runner(args.runner, args.model, group, args.max_total_tokens, json.loads(args.engine_args))
     code = 0
     try:
         limits = runner.start()

@@ -2,16 +2,27 @@
 
 The execution loop (tiertp.worker.executor) decides which requests run each
 iteration (the Rust batch policy) and calls `step` once per iteration; the
-runner returns one new token per request.
+runner returns one new token per request (or none yet, for a request whose
+prompt is still being prefilled in chunks), and is told with `release` when
+a request leaves (finished or cancelled).
+
+Two runners, named in `RUNNERS` (`make_runner` builds one by name):
+
+- ``instance`` (the default, `tiertp.execution.step_runner.InstanceStepRunner`):
+  a KV-owning TP instance on SGLang's model runner (tiertp.execution); it
+  keeps every request's KV across steps, prefills new requests and decodes
+  the running ones, and frees a request's KV on `release`. This is the path
+  KV migration and TP switching build on.
+- ``engine`` (the fallback, `EngineStepRunner`): SGLang's `Engine`, one
+  token at a time. `TIERTP_STEP_RUNNER=engine` (or the execution process's
+  ``--runner engine``) selects it.
 
 `EngineStepRunner` drives SGLang's `Engine` one token at a time: each
 iteration is one `Engine.generate` call over the batch with
 `max_new_tokens=1` and each request's prompt plus the tokens generated so
 far. SGLang's radix cache matches everything but the newest token, so an
 iteration extends one token per request instead of re-running the prompt.
-Why not SGLang's model runner directly: the Engine is the supported API and
-was fast to make right; the runner-level path (needed for KV migration and
-TP switching, issue 6) replaces this class behind the same interface.
+It cannot migrate KV or switch TP; it stays as a reference and fallback.
 """
 
 from __future__ import annotations
@@ -38,10 +49,12 @@ class StepInput:
 @dataclass(frozen=True)
 class StepOutput:
     """The token a step produced; `stopped` when it is a stop token (EOS or one of
-    the request's stop_token_ids)."""
+    the request's stop_token_ids). `token` is None when the request produced no
+    token this step (its prompt is being prefilled in chunks, or waits for KV
+    space); it stays in the batch and produces its first token in a later step."""
 
     rid: int
-    token: int
+    token: int | None
     stopped: bool
 
 
@@ -54,13 +67,24 @@ class ModelLimits:
     kv_capacity_tokens: int
 
 
+class RunnerDied(RuntimeError):
+    """The runner's model processes died: the execution process must exit as
+    a dead worker (the agent then fails its requests with worker_died and
+    restarts it), not report a failed iteration."""
+
+
 class StepRunner(ABC):
     """Runs a model replica on one TP group.
 
     Contract: `start` is called once in the execution process before any
     `step`; `step` returns one StepOutput per input, in input order, and may
-    raise (the execution process then fails the batch and exits); `close`
-    releases everything `start` created and is safe to call twice.
+    raise (the execution process then fails the batch and exits; RunnerDied
+    when model processes died, so the agent sees a dead worker). A request
+    appears in every step from its first until it is released: `release`
+    (rids that finished or were cancelled) is called once per request that
+    was ever stepped, after which its id is not stepped again; a runner
+    holding per-request state (KV) frees it then. `close` releases everything
+    `start` created and is safe to call twice.
     """
 
     @abstractmethod
@@ -68,6 +92,9 @@ class StepRunner(ABC):
 
     @abstractmethod
     def step(self, batch: list[StepInput]) -> list[StepOutput]: ...
+
+    def release(self, rids: list[int]) -> None:
+        """The requests left (finished or cancelled); default: nothing to free."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -119,3 +146,21 @@ class EngineStepRunner(StepRunner):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown()
+
+
+# The one list of runner names; the first is the default.
+RUNNERS = ("instance", "engine")
+DEFAULT_RUNNER = RUNNERS[0]
+
+
+def make_runner(name: str, model: str, group: TpGroup, max_total_tokens: int,
+                extra_args: dict | None = None) -> StepRunner:
+    """The runner called `name` (one of RUNNERS); `extra_args` are more SGLang
+    server/engine keyword arguments."""
+    if name == "instance":
+        from tiertp.execution.step_runner import InstanceStepRunner
+
+        return InstanceStepRunner(model, group, max_total_tokens, extra_args)
+    if name == "engine":
+        return EngineStepRunner(model, group, max_total_tokens, extra_args)
+    raise ValueError(f"unknown step runner {name!r}; expected one of: {', '.join(RUNNERS)}")

@@ -1,0 +1,89 @@
+"""Per-iteration decode time of the two step runners (a quick comparison, not a test).
+
+    python -m tiertp.execution.compare_runners [--model smollm2-135m] [--batch 1 8]
+
+For each runner (tiertp.worker.runner.RUNNERS) and batch size, in its own
+isolated process: start the runner at TP1, step once with `batch` fresh
+prompts (the prefill), then time `repeats` decode steps through
+`StepRunner.step` (what the execution process calls each iteration) after
+`warmup` untimed ones. With `--rounds N` the runners alternate N times (on a
+shared, busy machine the best round is the least disturbed one). Prints one
+JSON object: per runner and batch size, the median ms per step of each
+round, the best of those medians, and the fastest single step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+from tiertp.engine.isolated import run_isolated
+from tiertp.worker.groups import TpGroup
+from tiertp.worker.runner import RUNNERS, StepInput, make_runner
+
+
+def measure(job: dict) -> dict:
+    """Run in an isolated process: {batch: {"median_ms", "min_ms"}} for one runner."""
+    import random
+
+    runner = make_runner(job["runner"], job["model"], TpGroup(0, 1), job["max_total_tokens"])
+    runner.start()
+    rng = random.Random(0)
+    out, next_rid = {}, 0
+    try:
+        for batch in job["batches"]:
+            reqs = {}
+            for _ in range(batch):
+                reqs[next_rid] = [rng.randrange(100, 10_000) for _ in range(job["prompt_len"])]
+                next_rid += 1
+            times = []
+            for step in range(1 + job["warmup"] + job["repeats"]):
+                inputs = [StepInput(rid, toks, len(toks) - job["prompt_len"], 0.0, 1.0, None, ())
+                          for rid, toks in reqs.items()]
+                tic = time.perf_counter()
+                outs = runner.step(inputs)
+                if step > job["warmup"]:
+                    times.append(time.perf_counter() - tic)
+                for o in outs:
+                    reqs[o.rid].append(o.token)
+            runner.release(list(reqs))
+            out[str(batch)] = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3}
+    finally:
+        runner.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tiertp.execution.compare_runners", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--max-total-tokens", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args(argv)
+    rounds = {name: [] for name in RUNNERS}
+    for _ in range(args.rounds):
+        for name in RUNNERS:
+            job = {"runner": name, "model": args.model, "batches": args.batch, "prompt_len": args.prompt_len,
+                   "warmup": args.warmup, "repeats": args.repeats, "max_total_tokens": args.max_total_tokens}
+            rounds[name].append(run_isolated("tiertp.execution.compare_runners:measure", job, timeout_s=900))
+    summary = {name: {str(b): {"median_ms_per_round": [round(r[str(b)]["median_ms"], 2) for r in runs],
+                               "best_median_ms": round(min(r[str(b)]["median_ms"] for r in runs), 2),
+                               "min_ms": round(min(r[str(b)]["min_ms"] for r in runs), 2)}
+                      for b in args.batch}
+               for name, runs in rounds.items()}
+    print(json.dumps({"model": args.model, "tp": 1, "prompt_len": args.prompt_len, "repeats": args.repeats,
+                      "rounds": args.rounds, "machine": platform.node(), "cpus": os.cpu_count(),
+                      "decode_step": summary}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

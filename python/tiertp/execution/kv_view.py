@@ -1,0 +1,94 @@
+"""A rank's SGLang KV as tiertp.kv sees it: `KVGeometry` and a `KVPool` view.
+
+`kv_pool_of(handle)` wraps SGLang's own per-layer k_buffer/v_buffer (no
+copy) in a tiertp.kv.KVPool whose allocator is SGLang's (page size 1: a page
+is a slot), so tiertp.kv.migrate can read a request's slots from an old
+instance and allocate + scatter into a new one. Slots the migration
+allocates are *reserved* on this rank (as `TpInstance.reserve_slots` does)
+until `TpInstance.adopt` hands them to a request or `free_slots` returns them.
+
+Head split: rank r of TP k holds KV heads [r*H/k, (r+1)*H/k) (SGLang's
+QKVParallelLinear); tiertp.kv.heads_of_rank states it for power-of-two TP
+(replication included); TP levels like 3 (SmolLM2's 3 KV heads) split evenly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tiertp.execution.records import KVGeometry
+
+
+def kv_heads_of_rank(num_kv_heads: int, tp: int, rank: int):
+    """The global KV heads rank `rank` of TP `tp` holds (a tiertp.kv.HeadRange)."""
+    from tiertp.kv.layout import HeadRange, heads_of_rank
+
+    if tp & (tp - 1) == 0:
+        return heads_of_rank(num_kv_heads, tp, rank)
+    if num_kv_heads % tp:
+        raise ValueError(f"{num_kv_heads} KV heads cannot be split over TP {tp}")
+    per = num_kv_heads // tp
+    return HeadRange(rank * per, (rank + 1) * per)
+
+
+def geometry_of(handle) -> KVGeometry:
+    pool = handle.kv.kv_pool
+    k0 = pool.k_buffer[0]
+    cfg = handle.model_runner.model_config
+    return KVGeometry(num_layers=len(pool.k_buffer), num_kv_heads=int(cfg.get_total_num_kv_heads()),
+                      kv_heads_per_rank=int(k0.shape[1]), head_dim=int(k0.shape[2]), slots=int(k0.shape[0]),
+                      dtype=str(k0.dtype).removeprefix("torch."))
+
+
+class SglangSlotAllocator:
+    """tiertp.kv's allocator interface (alloc/free/free_pages/num_pages) over
+    SGLang's token_to_kv allocator; what it hands out is marked reserved."""
+
+    def __init__(self, kv, gpu: int):
+        self.kv, self.gpu = kv, gpu
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv.slot_rows - 1
+
+    @property
+    def free_pages(self) -> int:
+        return self.kv.free_slots()
+
+    def alloc(self, n: int) -> list[int]:
+        from tiertp.kv.errors import OutOfKVSpace
+
+        if n > self.free_pages:
+            raise OutOfKVSpace(self.gpu, n, self.free_pages)
+        [slots] = self.kv.reserve([n])
+        return slots
+
+    def free(self, pages: list[int]) -> None:
+        self.kv.free_reserved(list(pages))
+
+
+def kv_pool_of(handle):
+    """This rank's KV as a tiertp.kv.KVPool (views of SGLang's buffers)."""
+    from tiertp.kv.pool import KVPool
+    from tiertp.kv.shape import KVShape
+
+    geo = geometry_of(handle)
+    pool = handle.kv.kv_pool
+    shape = KVShape(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads, head_dim=geo.head_dim, page_size=1,
+                    dtype=getattr(torch, geo.dtype))
+    heads = kv_heads_of_rank(geo.num_kv_heads, handle.ctx.tp, handle.ctx.rank)
+    view = KVPool(shape, heads, list(pool.k_buffer), list(pool.v_buffer), gpu=handle.ctx.device)
+    view.allocator = SglangSlotAllocator(handle.kv, handle.ctx.device)
+    return view
+
+
+def describe(handle, _arg=None) -> dict:
+    """A `Call` target: what a migration sees on this rank (for checks and logs):
+    the KV heads held, the KV shape signature, the free slots, and whether the
+    view's buffers are SGLang's own (zero-copy)."""
+    view = handle.kv_pool()
+    pool = handle.kv.kv_pool
+    zero_copy = all(a.data_ptr() == b.data_ptr() for a, b in zip(view.k_buffers + view.v_buffers,
+                                                                 list(pool.k_buffer) + list(pool.v_buffer)))
+    return {"heads": (view.heads.start, view.heads.stop), "shape": view.shape.signature(),
+            "free_slots": view.allocator.free_pages, "zero_copy": zero_copy}

@@ -1,0 +1,67 @@
+"""`InstanceStepRunner`: the execution process's StepRunner on a TpInstance.
+
+Maps the step interface (tiertp.worker.runner) onto the instance: a request
+the runner has not seen is admitted (prefilled) in the step it first
+appears; the others decode; released requests are handed to the instance
+with the next step (their KV is freed before that step's forwards, saving a
+round trip per finished request). The instance keeps every request's KV and
+tokens between steps, so the token lists in StepInput are read only for new
+requests.
+"""
+
+from __future__ import annotations
+
+from tiertp.execution.errors import InstanceFailed
+from tiertp.execution.instance import TpInstance
+from tiertp.execution.records import NewRequest, Sampling
+from tiertp.execution.spec import InstanceSpec
+from tiertp.worker.groups import TpGroup
+from tiertp.worker.runner import ModelLimits, RunnerDied, StepInput, StepOutput, StepRunner
+
+
+class InstanceStepRunner(StepRunner):
+    def __init__(self, model: str, group: TpGroup, max_total_tokens: int, extra_server_args: dict | None = None,
+                 prefill_chunk_tokens: int | None = None):
+        self.spec = InstanceSpec(model=model, tp=group.tp, devices=tuple(group.devices),
+                                 max_total_tokens=max_total_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
+                                 extra_server_args=dict(extra_server_args or {}))
+        self.instance: TpInstance | None = None
+        self._held: set[int] = set()  # requests the instance holds, released ones excluded
+        self._to_release: list[int] = []
+
+    def start(self) -> ModelLimits:
+        self.instance = TpInstance(self.spec)
+        info = self.instance.start()
+        return ModelLimits(vocab_size=info.vocab_size,
+                           max_request_tokens=min(info.context_len, info.kv_capacity_tokens),
+                           kv_capacity_tokens=info.kv_capacity_tokens)
+
+    def step(self, batch: list[StepInput]) -> list[StepOutput]:
+        rids = {r.rid for r in batch}
+        missing = self._held - rids
+        if missing:
+            raise RuntimeError(f"requests {sorted(missing)[:8]} were left out of a step without being released")
+        admit = [NewRequest(r.rid, r.token_ids, Sampling(r.temperature, r.top_p, r.seed, r.stop_token_ids))
+                 for r in batch if r.rid not in self._held]
+        release, self._to_release = self._to_release, []
+        try:
+            outs = {o.rid: o for o in self.instance.iterate(admit, release)}
+        except InstanceFailed as e:
+            raise RunnerDied(str(e)) from e
+        except BaseException:
+            self._to_release = release + self._to_release  # a rejected step changed nothing
+            raise
+        self._held |= {r.rid for r in admit}
+        return [StepOutput(r.rid, outs[r.rid].token, outs[r.rid].stopped) if r.rid in outs
+                else StepOutput(r.rid, None, False) for r in batch]
+
+    def release(self, rids: list[int]) -> None:
+        for rid in rids:
+            if rid in self._held:
+                self._held.discard(rid)
+                self._to_release.append(rid)
+
+    def close(self) -> None:
+        instance, self.instance = self.instance, None
+        if instance is not None:
+            instance.close()
