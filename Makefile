@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TIERTP_DATA ?= $(abspath ../shared/data)
 
-.PHONY: help setup run test test-rust test-python bench lint
+.PHONY: help setup run demo test test-rust test-python bench lint
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -12,7 +12,10 @@ help:  ## List targets
 setup:  ## Create .venv with pinned deps and build the Rust extension (release)
 	./scripts/setup.sh
 
-run: setup  ## Run the main job on embedded defaults
+run: setup  ## Serve the OpenAI API on embedded defaults (SmolLM2 on CPU, example tiers); Ctrl-C stops
+	$(BIN)/tiertp serve
+
+demo: setup  ## The control loop on embedded defaults, in the simulator
 	$(BIN)/tiertp demo
 
 test: setup lint test-rust test-python  ## Everything CI runs

@@ -25,11 +25,14 @@ STOP_TIMEOUT_S = 60
 
 
 class Serve:
-    def __init__(self, tmp: Path):
+    """`tiertp serve` on free ports (the model and 1 device unless `args` say
+    otherwise); also used by the other tests/test_serve_*.py modules."""
+
+    def __init__(self, tmp: Path, args: tuple[str, ...] = ()):
         self.log_dir = tmp / "logs"
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "tiertp.cli", "serve", "--model", MODEL, "--devices", "1", "--port", "0",
-             "--log-dir", str(self.log_dir), "--ready-timeout", str(START_TIMEOUT_S)],
+             "--log-dir", str(self.log_dir), "--ready-timeout", str(START_TIMEOUT_S), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
             start_new_session=True)
         self.lines: list[str] = []
@@ -93,28 +96,39 @@ class Serve:
                 pass
         self.popen.wait(timeout=10)
 
+    def stop_cleanly(self) -> None:
+        """SIGINT; serve must exit 0 and leave no process behind."""
+        self.popen.send_signal(signal.SIGINT)
+        try:
+            rc = self.popen.wait(timeout=STOP_TIMEOUT_S)
+            deadline = time.monotonic() + 20
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            left = self.alive()
+        finally:
+            self.kill_everything()
+        assert rc == 0, f"tiertp serve exited with {rc}:\n{self.output()}"
+        assert not left, f"left running after SIGINT: {[p.pid for p in left]}"
+        assert "tiertp serve: stopped" in "".join(self.lines)
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    s = Serve(tmp_path_factory.mktemp("serve"))
+
+def started(tmp: Path, args: tuple[str, ...] = ()):
+    """A generator for module fixtures: a ready serve, stopped cleanly after."""
+    s = Serve(tmp, args)
     try:
         s.url = s.wait_url()
         s.snapshot()
         assert any("tiertp.cli worker" in " ".join(p.cmdline()) for p in s.descendants)
-        yield s
-    finally:
-        s.popen.send_signal(signal.SIGINT)
-        try:
-            rc = s.popen.wait(timeout=STOP_TIMEOUT_S)
-            deadline = time.monotonic() + 20
-            while s.alive() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            left = s.alive()
-        finally:
-            s.kill_everything()
-        assert rc == 0, f"tiertp serve exited with {rc}:\n{s.output()}"
-        assert not left, f"left running after SIGINT: {[p.pid for p in left]}"
-        assert "tiertp serve: stopped" in "".join(s.lines)
+    except BaseException:
+        s.kill_everything()
+        raise
+    yield s
+    s.stop_cleanly()
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    yield from started(tmp_path_factory.mktemp("serve"))
 
 
 @pytest.fixture
@@ -181,3 +195,14 @@ def test_unknown_model(client):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}],
                                        max_tokens=2)
     assert e.value.status_code == 404
+
+
+def test_banner_shows_how_to_call_it(serve):
+    deadline = time.monotonic() + 30
+    while "press Ctrl-C to stop" not in "".join(serve.lines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    out = "".join(serve.lines)
+    assert "tier chat" in out and "key sk-tiertp-chat" in out
+    assert f"curl {serve.url}/chat/completions" in out
+    assert "Authorization: Bearer sk-tiertp-chat" in out
+    assert f'OpenAI(base_url="{serve.url}", api_key="sk-tiertp-chat")' in out

@@ -160,7 +160,14 @@ def bench_gateway(
 ) -> str: ...
 
 class GatewayServer:
-    """The OpenAI gateway, running on its own runtime (`tiertp serve`)."""
+    """The OpenAI gateway, running on its own runtime (`tiertp serve`).
+
+    `workers`: (agent endpoint, devices) per node. `profile_path`: the
+    planner's profile JSON (None: the synthetic one); `tp_levels`: TP levels
+    the planner may use (give the levels the workers run; None: the
+    planner's default); `window_s`: the control window (None: the gateway's
+    default, 5 s; allowed 0.25-5 s). Tier limits come from the tiers file.
+    """
 
     def __init__(
         self,
@@ -173,6 +180,9 @@ class GatewayServer:
         threads: int = 2,
         worker_timeout_s: float = 120.0,
         connect_timeout_s: float = 10.0,
+        profile_path: str | None = None,
+        tp_levels: list[int] | None = None,
+        window_s: float | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...

@@ -3,10 +3,13 @@
 Starts `tiertp worker` (one SGLang execution process per logical device, on
 CPU) as a subprocess, waits until it answers a ping and every device has
 served a one-token warm-up request, then runs the gateway (Rust, in this
-process) pointed at it. Prints the URL and the API keys of each tier, serves
-until SIGINT (Ctrl-C) or SIGTERM, then stops the gateway, the agent and every
-execution process. With no options it serves SmolLM2-135M with the embedded
-tiers on http://127.0.0.1:8000.
+process) pointed at it: tiers and their API keys and limits from the tier
+file, the control loop planning over the workers' devices with the profile
+(--profile) at the TP levels the workers run. Prints the URL, each tier's API
+key and how to call it (curl, openai SDK), serves until SIGINT (Ctrl-C) or
+SIGTERM, then stops the gateway, the agent and every execution process. With
+no options it serves SmolLM2-135M with the embedded tiers on
+http://127.0.0.1:8000.
 """
 
 from __future__ import annotations
@@ -24,13 +27,22 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
+from tiertp.profile_source import SYNTHETIC
+from tiertp.worker.config import AgentConfig
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_TIERS = Path(__file__).resolve().parent.parent / "defaults" / "tiers.toml"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class ServeInputError(ValueError):
+    """Bad input to serve, printed by the CLI as one line (exit code 2). A
+    ValueError rather than tiertp.cli.UserError: under `python -m tiertp.cli`
+    the CLI module runs as __main__ and catches its own copy of UserError,
+    not the one imported here; both copies of the CLI catch ValueError."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,7 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(default {DEFAULT_MODEL})")
     p.add_argument("--devices", type=int, default=1, help="logical devices (one execution process each; default 1)")
     p.add_argument("--tiers", type=Path, default=None,
-                   help="tier TOML (names, SLOs, weights, api_keys; default: the embedded tiers)")
+                   help="tier TOML (names, SLOs, weights, api_keys, max_concurrent_requests, "
+                        "max_requests_per_minute; default: the embedded tiers)")
+    p.add_argument("--profile", default=SYNTHETIC,
+                   help=f"TP performance profile JSON the planner uses (e.g. written by `tiertp profile`), "
+                        f"or '{SYNTHETIC}' for the analytic model (default: {SYNTHETIC})")
+    p.add_argument("--window", type=float, default=None, metavar="S",
+                   help="control window in seconds, 0.25-5: the planner runs and worker health is polled this "
+                        "often (default: the gateway's)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: a free one; default 8000)")
     p.add_argument("--worker-port", type=int, default=0,
@@ -59,10 +78,8 @@ def _free_port(host: str) -> int:
 
 
 def _check_port(host: str, port: int) -> None:
-    from tiertp.cli import UserError
-
     if not 0 <= port <= 65535:
-        raise UserError(f"--port {port}: must be in 0..65535")
+        raise ServeInputError(f"--port {port}: must be in 0..65535")
     if port == 0:
         return
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
@@ -70,7 +87,7 @@ def _check_port(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+            raise ServeInputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 class _Stop:
@@ -203,15 +220,18 @@ class Agent:
 
 def run(args: argparse.Namespace) -> int:
     from tiertp import _scheduler
-    from tiertp.cli import UserError
     from tiertp.engine.models import model_name, resolve_model
 
     if args.devices < 1:
-        raise UserError(f"--devices must be >= 1, got {args.devices}")
+        raise ServeInputError(f"--devices must be >= 1, got {args.devices}")
     tiers_path = args.tiers or DEFAULT_TIERS
     if not Path(tiers_path).is_file():
-        raise UserError(f"--tiers {tiers_path}: no such file")
+        raise ServeInputError(f"--tiers {tiers_path}: no such file")
     _scheduler.TierSet.load(str(tiers_path))  # TierConfigError (a ValueError) names the problem
+    # The planner uses only the TP levels the workers run: the agent's own
+    # candidate levels (serve does not override them).
+    tp_levels = list(AgentConfig().tp_levels)
+    profile_path = _check_profile(args.profile, tp_levels)
     _check_port(args.host, args.port)
     model_dir = resolve_model(args.model)  # ModelError lists the embedded models
     name = model_name(args.model)
@@ -233,15 +253,11 @@ def run(args: argparse.Namespace) -> int:
         agent.wait_ready(_first_tier(tiers_path), args.devices, args.ready_timeout, stop)
         try:
             gateway = _scheduler.GatewayServer(str(tiers_path), name, str(model_dir), [(endpoint, args.devices)],
-                                               host=args.host, port=args.port)
+                                               host=args.host, port=args.port, profile_path=profile_path,
+                                               tp_levels=tp_levels, window_s=args.window)
         except OSError as e:
-            raise UserError(str(e)) from None
-        url = f"http://{gateway.address}/v1"
-        print(f"tiertp serve: model {name!r} on {args.devices} CPU device(s)", flush=True)
-        print(f"tiertp serve: OpenAI API at {url}", flush=True)
-        for tier, keys in _tier_keys(tiers_path):
-            print(f"tiertp serve:   tier {tier}: api key(s) {', '.join(keys) or '(none)'}", flush=True)
-        print("tiertp serve: press Ctrl-C to stop", flush=True)
+            raise ServeInputError(str(e)) from None
+        print(banner(gateway.address, name, args.devices, tp_levels, args.profile, tiers_path), flush=True)
         while not stop.event.wait(0.5):
             if agent.popen.poll() is not None:
                 log.error("the agent exited with code %s; stopping", agent.popen.returncode)
@@ -269,12 +285,76 @@ def run(args: argparse.Namespace) -> int:
         print("tiertp serve: stopped", flush=True)
 
 
-def _tier_keys(path: Path) -> list[tuple[str, list[str]]]:
+def _check_profile(profile: str, tp_levels: list[int]) -> str | None:
+    """The profile file for the gateway (None: the synthetic profile), checked
+    now so that a bad file is a one-line error before anything starts."""
+    from tiertp import _scheduler
+
+    if profile == SYNTHETIC:
+        return None
+    if not Path(profile).is_file():
+        raise ServeInputError(f"--profile {profile}: no such file")
+    try:
+        loaded = _scheduler.Profile.load(profile)
+    except ValueError as e:
+        raise ServeInputError(f"--profile {profile}: {e}") from None
+    missing = sorted(set(tp_levels) - set(loaded.tp_levels))
+    if missing:
+        raise ServeInputError(f"--profile {profile}: no table for TP level(s) {missing}; the workers run TP "
+                              f"{tp_levels} (the profile has {loaded.tp_levels})")
+    return profile
+
+
+def _tiers(path: Path) -> list[dict]:
+    """The tier file's tables (already validated by TierSet.load)."""
     import tomllib
 
-    data = tomllib.loads(Path(path).read_text())
-    return [(t.get("name", "?"), list(t.get("api_keys", []))) for t in data.get("tier", [])]
+    return tomllib.loads(Path(path).read_text()).get("tier", [])
 
 
 def _first_tier(path: Path) -> str:
-    return _tier_keys(path)[0][0]
+    return _tiers(path)[0]["name"]
+
+
+def _describe(tier: dict) -> str:
+    slo = ("background (no SLO)" if tier.get("background")
+           else f"TTFT {tier['ttft_ms']:g} ms, TPOT {tier['tpot_ms']:g} ms")
+    limits = [f"{tier['max_concurrent_requests']} concurrent" if "max_concurrent_requests" in tier else "",
+              f"{tier['max_requests_per_minute']:g} requests/min" if "max_requests_per_minute" in tier else ""]
+    limits = [x for x in limits if x]
+    return f"{slo}; limits: {', '.join(limits) or 'none'}"
+
+
+def banner(address: str, model: str, devices: int, tp_levels: list[int], profile: str, tiers_path: Path) -> str:
+    """What serve prints once ready: where it listens, each tier's key, and
+    how to call it."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "[::]"):  # listening everywhere: this machine can use loopback
+        host = "127.0.0.1"
+    base = f"http://{host}:{port}"
+    tiers = _tiers(tiers_path)
+    lines = [f"tiertp serve: model {model!r} on {devices} CPU device(s), TP {tp_levels}, profile {profile}",
+             f"tiertp serve: OpenAI API at {base}/v1"]
+    width = max(len(t["name"]) for t in tiers)
+    for t in tiers:
+        keys = ", ".join(t.get("api_keys", [])) or "(no API key)"
+        lines.append(f"tiertp serve:   tier {t['name']:<{width}}  key {keys}  ({_describe(t)})")
+    key = next((t["api_keys"][0] for t in tiers if t.get("api_keys")), "KEY")
+    body = ('{"model": "%s", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}' % model)
+    lines += [
+        "",
+        "Try it (any tier's key; the header x-tiertp-tier may ask for a lower tier):",
+        f"  curl {base}/v1/chat/completions \\",
+        f"    -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
+        f"    -d '{body}'",
+        "",
+        "  from openai import OpenAI",
+        f"  client = OpenAI(base_url=\"{base}/v1\", api_key=\"{key}\")",
+        f"  r = client.chat.completions.create(model=\"{model}\", messages=[{{\"role\": \"user\", "
+        f"\"content\": \"Hello!\"}}], max_tokens=32)",
+        "  print(r.choices[0].message.content)",
+        "",
+        f"tiertp serve: plan {base}/v1/plan, metrics {base}/metrics, health {base}/health",
+        "tiertp serve: press Ctrl-C to stop",
+    ]
+    return "\n".join(lines)

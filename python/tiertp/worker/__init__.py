@@ -8,7 +8,8 @@ One concept per module:
 - requests: the agent's table of in-flight requests (one terminal message each);
 - config: `AgentConfig`, the agent's settings (each default written once);
 - process: one execution process as seen by the agent (start, keep-alive, death);
-- runner: `StepRunner`, one decoding iteration for a batch (SGLang Engine today);
+- runner: `StepRunner`, one decoding iteration for a batch (a tiertp.execution TpInstance
+  on SGLang's model runner; the SGLang Engine path is the `--runner engine` fallback);
 - executor: the execution process's main loop (Rust batch policy per iteration);
 - agent: the agent loop (ROUTER socket, routing, restarts, shutdown);
 - reference: greedy generation run directly on SGLang (what tests compare with).

@@ -240,7 +240,9 @@ class Agent:
             devices.append({"device": d, "role": a.role, "tier": a.tier, "tp_group": a.tp_group.as_list(),
                             "running": load["running"], "waiting": load["waiting"] + held,
                             "kv_used_tokens": load["kv_used_tokens"],
-                            "kv_capacity_tokens": self.cfg.max_total_tokens})
+                            "kv_capacity_tokens": self.cfg.max_total_tokens,
+                            # The gateway plans only over ready devices (docs/worker-protocol.md).
+                            "state": proc.state if proc is not None else DEAD})
         return {"type": P.STATS, "devices": devices, "plan_id": self.plan_id}
 
     def _on_client(self, frames: list[bytes]) -> None:

@@ -26,9 +26,13 @@ fn gateway_err(e: GatewayError) -> PyErr {
 
 /// A running gateway. Starting connects to the worker agents and binds
 /// `host:port` (0: a free port); `shutdown()` stops accepting, lets
-/// in-flight requests finish and stops the runtime. Errors: TierConfigError
-/// (tiers file), ValueError (config, tokenizer), OSError (bind),
-/// RuntimeError (workers unreachable).
+/// in-flight requests finish and stops the runtime. `profile_path` is the
+/// planner's profile JSON (None: the synthetic one), `tp_levels` the TP
+/// levels the planner may use (None: the planner's default; give the
+/// levels the workers run), `window_s` the control window (None: the
+/// gateway's default). Errors: TierConfigError (tiers file), ValueError
+/// (config, profile, tokenizer), OSError (bind), RuntimeError (workers
+/// unreachable).
 #[pyclass(module = "tiertp._scheduler")]
 pub struct GatewayServer {
     address: String,
@@ -38,7 +42,7 @@ pub struct GatewayServer {
 #[pymethods]
 impl GatewayServer {
     #[new]
-    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = "127.0.0.1".to_string(), port = 8000, threads = 2, worker_timeout_s = 120.0, connect_timeout_s = 10.0))]
+    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = "127.0.0.1".to_string(), port = 8000, threads = 2, worker_timeout_s = 120.0, connect_timeout_s = 10.0, profile_path = None, tp_levels = None, window_s = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -51,13 +55,20 @@ impl GatewayServer {
         threads: usize,
         worker_timeout_s: f64,
         connect_timeout_s: f64,
+        profile_path: Option<String>,
+        tp_levels: Option<Vec<u32>>,
+        window_s: Option<f64>,
     ) -> PyResult<Self> {
         let tiers = TierSet::load(&tiers_path).map_err(tier_err)?;
         let ip: IpAddr = host
             .parse()
             .map_err(|_| PyValueError::new_err(format!("host {host:?} is not an IP address")))?;
-        for (name, v) in [("worker_timeout_s", worker_timeout_s), ("connect_timeout_s", connect_timeout_s)] {
-            if !(v.is_finite() && v > 0.0) {
+        for (name, v) in [
+            ("worker_timeout_s", Some(worker_timeout_s)),
+            ("connect_timeout_s", Some(connect_timeout_s)),
+            ("window_s", window_s),
+        ] {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
                 return Err(PyValueError::new_err(format!("{name} = {v}: must be a finite number > 0")));
             }
         }
@@ -66,6 +77,13 @@ impl GatewayServer {
         config.bind = SocketAddr::new(ip, port);
         config.worker_timeout = Duration::from_secs_f64(worker_timeout_s);
         config.connect_timeout = Duration::from_secs_f64(connect_timeout_s);
+        config.profile = profile_path.map(PathBuf::from);
+        if let Some(levels) = tp_levels {
+            config.planner.tp_levels = levels;
+        }
+        if let Some(w) = window_s {
+            config.window = Duration::from_secs_f64(w);
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("tiertp-gateway")

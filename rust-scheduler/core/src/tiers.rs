@@ -7,6 +7,8 @@
 //! tpot_ms = 50
 //! weight = 2.0          # optional, default 1.0
 //! api_keys = ["sk-chat"] # optional
+//! max_concurrent_requests = 64    # optional admission limit (gateway: 429)
+//! max_requests_per_minute = 600   # optional admission limit (gateway: 429)
 //!
 //! [[tier]]
 //! name = "batch"
@@ -37,6 +39,18 @@ pub enum TierConfigError {
     Set { file: String, reason: String },
 }
 
+/// Admission limits of a tier, enforced by the gateway per tier (all keys of
+/// the tier together): a request over either gets 429 with Retry-After.
+/// `None` means no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TierLimits {
+    /// Requests of the tier in flight at once.
+    pub max_concurrent_requests: Option<u32>,
+    /// Requests admitted per minute (OpenAI's RPM), as a token bucket that
+    /// refills continuously and holds one second's worth (at least one).
+    pub max_requests_per_minute: Option<f64>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tier {
     pub name: String,
@@ -46,6 +60,7 @@ pub struct Tier {
     pub background: bool,
     pub weight: f64,
     pub api_keys: Vec<String>,
+    pub limits: TierLimits,
 }
 
 impl Tier {
@@ -57,6 +72,7 @@ impl Tier {
             background: false,
             weight,
             api_keys: Vec::new(),
+            limits: TierLimits::default(),
         }
     }
 
@@ -68,6 +84,7 @@ impl Tier {
             background: true,
             weight,
             api_keys: Vec::new(),
+            limits: TierLimits::default(),
         }
     }
 }
@@ -95,6 +112,9 @@ struct RawTier {
     weight: f64,
     #[serde(default)]
     api_keys: Vec<String>,
+    /// Read wide so that 0 or a negative count is reported naming the field.
+    max_concurrent_requests: Option<i64>,
+    max_requests_per_minute: Option<f64>,
 }
 
 fn default_weight() -> f64 {
@@ -115,18 +135,33 @@ impl TierSet {
             file: origin.to_string(),
             message: e.to_string().trim_end().to_string(),
         })?;
-        let tiers = raw
-            .tier
-            .into_iter()
-            .map(|t| Tier {
+        let mut tiers = Vec::with_capacity(raw.tier.len());
+        for t in raw.tier {
+            let max_concurrent_requests = match t.max_concurrent_requests {
+                Some(n) if !(1..=i64::from(u32::MAX)).contains(&n) => {
+                    return Err(TierConfigError::Invalid {
+                        file: origin.to_string(),
+                        tier: t.name,
+                        field: "max_concurrent_requests".into(),
+                        value: n.to_string(),
+                        reason: "must be an integer >= 1 (leave it out for no limit)".into(),
+                    })
+                }
+                n => n.map(|n| n as u32),
+            };
+            tiers.push(Tier {
                 name: t.name,
                 ttft_ms: t.ttft_ms,
                 tpot_ms: t.tpot_ms,
                 background: t.background,
                 weight: t.weight,
                 api_keys: t.api_keys,
-            })
-            .collect();
+                limits: TierLimits {
+                    max_concurrent_requests,
+                    max_requests_per_minute: t.max_requests_per_minute,
+                },
+            });
+        }
         Self::new(tiers, origin)
     }
 
@@ -176,6 +211,22 @@ impl TierSet {
                     }
                     _ => {}
                 }
+            }
+            if let Some(rpm) = t.limits.max_requests_per_minute {
+                if !(rpm.is_finite() && rpm > 0.0) {
+                    return Err(bad(
+                        "max_requests_per_minute",
+                        rpm.to_string(),
+                        "must be a finite number > 0 (leave it out for no limit)",
+                    ));
+                }
+            }
+            if t.limits.max_concurrent_requests == Some(0) {
+                return Err(bad(
+                    "max_concurrent_requests",
+                    "0".into(),
+                    "must be an integer >= 1 (leave it out for no limit)",
+                ));
             }
             for key in &t.api_keys {
                 if key.trim().is_empty() {
@@ -247,6 +298,37 @@ mod tests {
         assert!(set.tiers()[1].background);
         assert_eq!(set.id_of("batch"), Ok(1));
         assert!(set.id_of("nope").unwrap_err().contains("valid tiers"));
+        assert_eq!(set.tiers()[0].limits, TierLimits::default());
+    }
+
+    #[test]
+    fn parses_limits() {
+        let set = TierSet::from_toml(
+            "[[tier]]\nname='a'\nttft_ms=1\ntpot_ms=1\nmax_concurrent_requests=8\nmax_requests_per_minute=90\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.tiers()[0].limits,
+            TierLimits {
+                max_concurrent_requests: Some(8),
+                max_requests_per_minute: Some(90.0),
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_limits_naming_the_field() {
+        let e = err("[[tier]]\nname='a'\nbackground=true\nmax_concurrent_requests=0\n");
+        assert!(e.contains("`max_concurrent_requests` = 0") && e.contains("\"a\""), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\nmax_concurrent_requests=-3\n");
+        assert!(e.contains("`max_concurrent_requests` = -3"), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\nmax_requests_per_minute=0\n");
+        assert!(e.contains("`max_requests_per_minute` = 0"), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\nmax_requests_per_minute=-1.5\n");
+        assert!(e.contains("`max_requests_per_minute` = -1.5"), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\nmax_rps=3\n");
+        assert!(e.contains("unknown field") && e.contains("max_rps"), "{e}");
     }
 
     fn err(text: &str) -> String {

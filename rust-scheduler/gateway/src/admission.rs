@@ -1,5 +1,7 @@
 //! Who may send what: API key → tier, the optional lower-tier header, and
-//! per-tier admission limits (concurrency, rate).
+//! the tiers' admission limits (`max_concurrent_requests`,
+//! `max_requests_per_minute` in the tier file): over either, 429 with
+//! Retry-After.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -7,9 +9,8 @@ use std::time::Instant;
 
 use axum::http::HeaderMap;
 use rustc_hash::FxHashMap;
-use tiertp_scheduler::tiers::{Tier, TierId, TierSet};
+use tiertp_scheduler::tiers::{Tier, TierId, TierLimits, TierSet};
 
-use crate::config::TierLimits;
 use crate::error::ApiError;
 
 /// The header a client uses to ask for a lower tier than its key's.
@@ -28,15 +29,44 @@ pub fn is_same_or_lower(from: &Tier, to: &Tier) -> bool {
     looser(from.ttft_ms, to.ttft_ms) && looser(from.tpot_ms, to.tpot_ms)
 }
 
+/// A token bucket: refills at `per_s`, holds one second's worth (at least
+/// one request), starts full.
 struct Bucket {
+    per_s: f64,
+    capacity: f64,
     tokens: f64,
     last: Instant,
+}
+
+impl Bucket {
+    fn new(per_minute: f64, now: Instant) -> Self {
+        let per_s = per_minute / 60.0;
+        let capacity = per_s.max(1.0);
+        Self {
+            per_s,
+            capacity,
+            tokens: capacity,
+            last: now,
+        }
+    }
+
+    /// Takes one token, or says in how many seconds one will be there.
+    fn take(&mut self, now: Instant) -> Result<(), f64> {
+        self.tokens = (self.tokens + now.saturating_duration_since(self.last).as_secs_f64() * self.per_s).min(self.capacity);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err((1.0 - self.tokens) / self.per_s)
+        }
+    }
 }
 
 struct TierGate {
     limits: TierLimits,
     in_flight: AtomicU32,
-    bucket: Mutex<Bucket>,
+    bucket: Option<Mutex<Bucket>>,
 }
 
 pub struct Admission {
@@ -55,7 +85,7 @@ impl Drop for Permit {
 }
 
 impl Admission {
-    pub fn new(tiers: &TierSet, limits: &FxHashMap<String, TierLimits>) -> Self {
+    pub fn new(tiers: &TierSet) -> Self {
         let keys = tiers
             .tiers()
             .iter()
@@ -67,14 +97,10 @@ impl Admission {
             .tiers()
             .iter()
             .map(|t| {
-                let l = limits.get(&t.name).copied().unwrap_or_default();
                 Arc::new(TierGate {
-                    limits: l,
+                    limits: t.limits,
                     in_flight: AtomicU32::new(0),
-                    bucket: Mutex::new(Bucket {
-                        tokens: l.max_rps.unwrap_or(0.0).max(1.0),
-                        last: now,
-                    }),
+                    bucket: t.limits.max_requests_per_minute.map(|rpm| Mutex::new(Bucket::new(rpm, now))),
                 })
             })
             .collect();
@@ -122,38 +148,30 @@ impl Admission {
         Ok(id)
     }
 
-    /// Admits one request of `tier` or says when to retry (429).
+    /// Admits one request of `tier` or says when to retry (429). The
+    /// returned permit holds a concurrency slot until dropped.
     pub fn admit(&self, tier: TierId) -> Result<Permit, ApiError> {
         let gate = &self.gates[tier];
-        let name = || self.tiers.tiers()[tier].name.clone();
-        if let Some(max) = gate.limits.max_concurrent {
-            let n = gate.in_flight.fetch_add(1, Ordering::AcqRel);
-            if n >= max {
-                gate.in_flight.fetch_sub(1, Ordering::AcqRel);
-                return Err(ApiError::RateLimited {
-                    tier: name(),
-                    reason: format!("{max} requests in flight (max_concurrent)"),
-                    retry_after_s: 1,
-                });
-            }
-        } else {
-            gate.in_flight.fetch_add(1, Ordering::AcqRel);
-        }
+        let refused = |reason: String, retry_after_s: f64| ApiError::RateLimited {
+            tier: self.tiers.tiers()[tier].name.clone(),
+            reason,
+            retry_after_s: retry_after_s.ceil().max(1.0) as u64,
+        };
+        let n = gate.in_flight.fetch_add(1, Ordering::AcqRel);
+        // From here on, dropping the permit gives the slot back.
         let permit = Permit(gate.clone());
-        if let Some(rps) = gate.limits.max_rps {
-            let mut b = gate.bucket.lock().unwrap();
-            let now = Instant::now();
-            b.tokens = (b.tokens + now.duration_since(b.last).as_secs_f64() * rps).min(rps.max(1.0));
-            b.last = now;
-            if b.tokens < 1.0 {
-                let wait = ((1.0 - b.tokens) / rps).ceil() as u64;
-                return Err(ApiError::RateLimited {
-                    tier: name(),
-                    reason: format!("over {rps} requests/s (max_rps)"),
-                    retry_after_s: wait,
-                });
+        if let Some(max) = gate.limits.max_concurrent_requests {
+            if n >= max {
+                // A slot frees when a request finishes: seconds on this
+                // hardware, so one second is the honest hint.
+                return Err(refused(format!("{max} requests in flight (max_concurrent_requests)"), 1.0));
             }
-            b.tokens -= 1.0;
+        }
+        if let Some(bucket) = &gate.bucket {
+            if let Err(wait_s) = bucket.lock().unwrap().take(Instant::now()) {
+                let rpm = gate.limits.max_requests_per_minute.unwrap_or_default();
+                return Err(refused(format!("over {rpm} requests per minute (max_requests_per_minute)"), wait_s));
+            }
         }
         Ok(permit)
     }
@@ -187,7 +205,7 @@ mod tests {
 
     #[test]
     fn keys_and_lower_tiers_only() {
-        let a = Admission::new(&tiers(), &FxHashMap::default());
+        let a = Admission::new(&tiers());
         assert_eq!(a.tier_of(&headers("kf", None)), Ok(0));
         assert_eq!(a.tier_of(&headers("kf", Some("slow"))), Ok(1));
         assert_eq!(a.tier_of(&headers("ks", Some("bg"))), Ok(2));
@@ -197,20 +215,52 @@ mod tests {
         assert!(matches!(a.tier_of(&headers("kf", Some("zz"))), Err(ApiError::BadRequest { .. })));
     }
 
+    fn limited(extra: &str) -> Admission {
+        let text = format!("[[tier]]\nname='fast'\nttft_ms=200\ntpot_ms=20\napi_keys=['kf']\n{extra}\n");
+        Admission::new(&TierSet::from_toml(&text, "t").unwrap())
+    }
+
     #[test]
     fn concurrency_limit_then_release() {
-        let mut limits = FxHashMap::default();
-        limits.insert(
-            "fast".to_string(),
-            TierLimits {
-                max_concurrent: Some(1),
-                max_rps: None,
-            },
-        );
-        let a = Admission::new(&tiers(), &limits);
+        let a = limited("max_concurrent_requests = 1");
         let p = a.admit(0).unwrap();
-        assert!(matches!(a.admit(0), Err(ApiError::RateLimited { .. })));
+        let Err(ApiError::RateLimited { retry_after_s, reason, .. }) = a.admit(0) else {
+            panic!("the second request must be refused")
+        };
+        assert!(retry_after_s >= 1 && reason.contains("max_concurrent_requests"), "{reason}");
+        assert_eq!(a.in_flight(0), 1, "a refused request holds no slot");
         drop(p);
         assert!(a.admit(0).is_ok());
+    }
+
+    #[test]
+    fn rate_limit_says_when_to_retry() {
+        // One request per minute: a bucket of one, refilled in 60 s.
+        let a = limited("max_requests_per_minute = 1");
+        drop(a.admit(0).unwrap());
+        let Err(ApiError::RateLimited { retry_after_s, reason, .. }) = a.admit(0) else {
+            panic!("the second request in the minute must be refused")
+        };
+        assert!((1..=60).contains(&retry_after_s), "{retry_after_s}");
+        assert!(reason.contains("max_requests_per_minute"), "{reason}");
+        assert_eq!(a.in_flight(0), 0);
+    }
+
+    #[test]
+    fn bucket_refills_and_holds_one_seconds_worth() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(600.0, t0); // 10/s, burst 10
+        for _ in 0..10 {
+            assert!(b.take(t0).is_ok());
+        }
+        let wait = b.take(t0).unwrap_err();
+        assert!((wait - 0.1).abs() < 1e-9, "{wait}");
+        assert!(b.take(t0 + std::time::Duration::from_millis(100)).is_ok());
+        // Idle for long: still only one second's worth.
+        let later = t0 + std::time::Duration::from_secs(100);
+        for _ in 0..10 {
+            assert!(b.take(later).is_ok());
+        }
+        assert!(b.take(later).is_err());
     }
 }

@@ -1,13 +1,12 @@
 //! The gateway's configuration: typed, validated once at startup, each
-//! default written once (in `GatewayConfig::new`). A later `tiertp serve`
-//! builds one of these and calls `server::run_gateway`.
+//! default written once (in `GatewayConfig::new`). `tiertp serve` builds one
+//! (bindings: `GatewayServer`) and calls `server::run_gateway`. Tier limits
+//! are part of the tiers (core `TierLimits`, from the tier file).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rustc_hash::FxHashMap;
-use serde::Deserialize;
 use thiserror::Error;
 use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::tiers::TierSet;
@@ -46,48 +45,8 @@ pub struct WorkerSpec {
     pub gpus: u32,
 }
 
-/// Optional per-tier admission limits (gateway config, not the tier file):
-/// ```toml
-/// [limits.chat]
-/// max_concurrent = 64
-/// max_rps = 100.0
-/// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TierLimits {
-    /// Requests of the tier in flight at once.
-    pub max_concurrent: Option<u32>,
-    /// Requests per second admitted (token bucket, burst = one second's worth).
-    pub max_rps: Option<f64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LimitsFile {
-    #[serde(default)]
-    limits: FxHashMap<String, TierLimits>,
-}
-
-/// Parses `[limits.TIER]` tables; tier names are checked against the tiers.
-pub fn parse_limits(text: &str, tiers: &TierSet) -> Result<FxHashMap<String, TierLimits>, GatewayError> {
-    let f: LimitsFile = toml::from_str(text).map_err(|e| GatewayError::Config(e.to_string()))?;
-    for (name, l) in &f.limits {
-        tiers
-            .id_of(name)
-            .map_err(|e| GatewayError::Config(format!("[limits.{name}]: {e}")))?;
-        if l.max_concurrent == Some(0) {
-            return Err(GatewayError::Config(format!("[limits.{name}] max_concurrent = 0: must be >= 1")));
-        }
-        if let Some(r) = l.max_rps {
-            if !(r.is_finite() && r > 0.0) {
-                return Err(GatewayError::Config(format!(
-                    "[limits.{name}] max_rps = {r}: must be a finite number > 0"
-                )));
-            }
-        }
-    }
-    Ok(f.limits)
-}
+/// The control windows the design allows (DESIGN.md §1).
+pub const WINDOW_RANGE: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(5));
 
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -95,14 +54,19 @@ pub struct GatewayConfig {
     /// The model name clients must ask for (`/v1/models` lists it).
     pub model: String,
     pub tokenizer: TokenizerSource,
+    /// Tiers, with their API keys and admission limits.
     pub tiers: TierSet,
-    pub limits: FxHashMap<String, TierLimits>,
     /// Profile JSON for the planner; `None` uses the core's synthetic one.
     pub profile: Option<PathBuf>,
     pub workers: Vec<WorkerSpec>,
     pub planner: PlannerConfig,
-    /// Control window: the planner runs this often.
+    /// Control window: the planner runs and the workers' health is polled
+    /// this often (DESIGN.md §1: 0.25–5 s).
     pub window: Duration,
+    /// A worker that does not answer a `stats` poll within this long counts
+    /// as down (its GPUs leave the plan) until it answers again; also the
+    /// longest wait for a `plan_applied` (unanswered: sent again next window).
+    pub stats_timeout: Duration,
     /// Arrival rate horizon and memory of the observer (see `ArrivalObserver`).
     pub horizon: Duration,
     pub memory: Duration,
@@ -122,11 +86,11 @@ impl GatewayConfig {
             model: model.to_string(),
             tokenizer,
             tiers,
-            limits: FxHashMap::default(),
             profile: None,
             workers,
             planner: PlannerConfig::default(),
             window: Duration::from_secs(5),
+            stats_timeout: Duration::from_secs(5),
             horizon: Duration::from_secs(10),
             memory: Duration::from_secs(30),
             worker_timeout: Duration::from_secs(120),
@@ -144,14 +108,19 @@ impl GatewayConfig {
         if self.model.is_empty() {
             return bad("model name is empty".into());
         }
-        if self.window.is_zero() || self.horizon.is_zero() {
-            return bad("window and horizon must be > 0".into());
+        if !(WINDOW_RANGE.0..=WINDOW_RANGE.1).contains(&self.window) {
+            return bad(format!(
+                "control window {} s: must be from {} to {} s",
+                self.window.as_secs_f64(),
+                WINDOW_RANGE.0.as_secs_f64(),
+                WINDOW_RANGE.1.as_secs_f64()
+            ));
+        }
+        if self.horizon.is_zero() || self.stats_timeout.is_zero() {
+            return bad("horizon and stats_timeout must be > 0".into());
         }
         if self.max_attempts == 0 || self.default_max_tokens == 0 {
             return bad("max_attempts and default_max_tokens must be >= 1".into());
-        }
-        for name in self.limits.keys() {
-            self.tiers.id_of(name).map_err(|e| GatewayError::Config(format!("limits: {e}")))?;
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! One request's life after admission: place it, submit it, follow its token
-//! stream, re-dispatch it when its worker dies before the first token, and
-//! turn token ids into text with stop strings. Dropping a `Running` (client
+//! stream, re-dispatch it when its worker or device dies before the first
+//! token (reporting the failure to the control loop), and turn token ids
+//! into text with stop strings. Dropping a `Running` (client
 //! gone, error, timeout) cancels it on the worker and returns its bandwidth.
 
 use std::sync::atomic::Ordering;
@@ -10,10 +11,11 @@ use std::time::{Duration, Instant};
 use tiertp_scheduler::tiers::TierId;
 
 use crate::admission::Permit;
-use crate::control::Control;
+use crate::control::{Control, GroupKey};
 use crate::error::ApiError;
+use crate::protocol::codes;
 use crate::tokenize::TextCodec;
-use crate::worker::{Submit, TokenEvent, TokenStream, WorkerClient};
+use crate::worker::{Submit, TokenEvent, TokenStream, WorkerClient, WorkerError};
 
 /// Everything a finished request reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,8 +37,11 @@ pub struct Running {
     request: Submit,
     tier: TierId,
     worker: Arc<dyn WorkerClient>,
+    /// The group the request runs on now.
+    group: GroupKey,
     rx: TokenStream,
-    tried: Vec<usize>,
+    /// Groups tried so far (one per attempt).
+    tried: Vec<GroupKey>,
     max_attempts: u32,
     timeout: Duration,
     arrival: Instant,
@@ -81,13 +86,14 @@ impl Running {
             group: None,
         };
         let mut tried = Vec::new();
-        let (worker, rx) = submit(&control, &request, s.tier, &mut tried, max_attempts)?;
+        let (worker, group, rx) = submit(&control, &request, s.tier, &mut tried, max_attempts)?;
         Ok(Self {
             control,
             codec,
             request,
             tier: s.tier,
             worker,
+            group,
             rx,
             tried,
             max_attempts,
@@ -132,13 +138,18 @@ impl Running {
             match event {
                 TokenEvent::Failed(e) if e.retriable() && self.tokens.is_empty() && (self.tried.len() as u32) < self.max_attempts => {
                     log::info!("request {}: {e}; re-dispatching", self.request.id);
+                    report(&self.control, self.group, &e);
                     self.control.complete(self.request.id);
                     self.control.metrics.redispatches.fetch_add(1, Ordering::Relaxed);
-                    let (w, rx) = submit(&self.control, &self.request, self.tier, &mut self.tried, self.max_attempts)?;
+                    let (w, group, rx) = submit(&self.control, &self.request, self.tier, &mut self.tried, self.max_attempts)?;
                     self.worker = w;
+                    self.group = group;
                     self.rx = rx;
                 }
-                TokenEvent::Failed(e) => return Err(e.into()),
+                TokenEvent::Failed(e) => {
+                    report(&self.control, self.group, &e);
+                    return Err(e.into());
+                }
                 TokenEvent::Tokens {
                     tokens,
                     finished,
@@ -248,23 +259,33 @@ impl Running {
     }
 }
 
+/// Tells the control loop about a failure that says a GPU or worker is down.
+fn report(control: &Control, group: GroupKey, e: &WorkerError) {
+    match e {
+        WorkerError::Rejected { code, .. } if code == codes::WORKER_DIED => control.report_dead_group(group),
+        WorkerError::Died { .. } | WorkerError::Connect { .. } => control.report_lost_worker(),
+        _ => {}
+    }
+}
+
 fn submit(
     control: &Arc<Control>,
     request: &Submit,
     tier: TierId,
-    tried: &mut Vec<usize>,
+    tried: &mut Vec<GroupKey>,
     max_attempts: u32,
-) -> Result<(Arc<dyn WorkerClient>, TokenStream), ApiError> {
+) -> Result<(Arc<dyn WorkerClient>, GroupKey, TokenStream), ApiError> {
     loop {
         let p = control.place(request.id, tier, request.input_ids.len() as u32, tried)?;
-        tried.push(p.worker);
+        tried.push(p.key);
         let worker = control.workers[p.worker].clone();
         let mut r = request.clone();
         r.class = p.class;
-        r.group = Some(p.group);
+        r.group = p.group;
         match worker.submit(r) {
-            Ok(rx) => return Ok((worker, rx)),
+            Ok(rx) => return Ok((worker, p.key, rx)),
             Err(e) => {
+                report(control, p.key, &e);
                 control.complete(request.id);
                 if !e.retriable() || tried.len() as u32 >= max_attempts {
                     return Err(e.into());

@@ -70,9 +70,9 @@ impl Metrics {
         }
     }
 
-    /// The exposition text; `queue_depth` per tier and `tp_per_gpu` come from
-    /// the caller's live state.
-    pub fn render(&self, queue_depth: &[u32], tp_per_gpu: &[u32]) -> String {
+    /// The exposition text; `queue_depth` per tier, `tp_per_gpu` and
+    /// `gpu_up` come from the caller's live state.
+    pub fn render(&self, queue_depth: &[u32], tp_per_gpu: &[u32], gpu_up: &[bool]) -> String {
         let mut out = String::with_capacity(8192);
         let counters: [(&str, &str, Counter); 4] = [
             ("tiertp_arrivals_total", "Requests received per tier.", |m| &m.arrivals),
@@ -112,6 +112,13 @@ impl Metrics {
         );
         for (gpu, tp) in tp_per_gpu.iter().enumerate() {
             let _ = writeln!(out, "tiertp_tp_level{{gpu=\"{gpu}\"}} {tp}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tiertp_gpu_up Whether the GPU takes requests (worker connected, device ready).\n# TYPE tiertp_gpu_up gauge"
+        );
+        for (gpu, up) in gpu_up.iter().enumerate() {
+            let _ = writeln!(out, "tiertp_gpu_up{{gpu=\"{gpu}\"}} {}", u8::from(*up));
         }
         let _ = writeln!(
             out,

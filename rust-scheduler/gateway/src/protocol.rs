@@ -88,6 +88,17 @@ pub struct DeviceStats {
     pub kv_used_tokens: Option<u64>,
     #[serde(default)]
     pub kv_capacity_tokens: Option<u64>,
+    /// The device's execution process: `device_states::READY`, `STARTING`
+    /// or `DEAD`; an agent that does not say is taken to be ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+impl DeviceStats {
+    /// Whether requests placed on this device can run now.
+    pub fn is_ready(&self) -> bool {
+        self.state.as_deref().is_none_or(|s| s == device_states::READY)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,6 +132,13 @@ pub mod codes {
     pub const BAD_REQUEST: &str = "bad_request";
     pub const OVERLOADED: &str = "overloaded";
     pub const INTERNAL: &str = "internal";
+}
+
+/// Values of `stats.devices[].state`.
+pub mod device_states {
+    pub const READY: &str = "ready";
+    pub const STARTING: &str = "starting";
+    pub const DEAD: &str = "dead";
 }
 
 /// Encodes a message as a msgpack map (field names, as the Python side reads them).
@@ -171,6 +189,15 @@ mod tests {
             panic!()
         };
         assert_eq!((s.devices[0].tp_group, s.devices[0].kv_capacity_tokens), (Some((0, 1)), None));
+        // No `state`: ready; a dead or starting process is not.
+        assert!(s.devices[0].is_ready());
+        for (state, ready) in [("ready", true), ("starting", false), ("dead", false)] {
+            let m = serde_json::json!({"type": "stats", "plan_id": null, "devices": [{"device": 0, "state": state}]});
+            let AgentMsg::Stats(s) = decode::<AgentMsg>(&encode(&m)).unwrap() else {
+                panic!()
+            };
+            assert_eq!(s.devices[0].is_ready(), ready, "{state}");
+        }
         let tokens = serde_json::json!({"type": "tokens", "items": [{"id": 1, "tokens": [5], "finished": false}]});
         assert!(matches!(decode::<AgentMsg>(&encode(&tokens)).unwrap(), AgentMsg::Tokens { .. }));
         // The map carries "type", as the Python agent expects.

@@ -15,7 +15,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
-use tiertp_scheduler::planner::Planner;
 use tiertp_scheduler::profile::{synthetic, Profile};
 use tiertp_scheduler::topology::Cluster;
 use tokio::sync::oneshot;
@@ -23,7 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::admission::Admission;
 use crate::config::{GatewayConfig, GatewayError, TokenizerSource};
-use crate::control::Control;
+use crate::control::{Control, ControlConfig};
 use crate::error::ApiError;
 use crate::generate::{Running, Start};
 use crate::metrics::Metrics;
@@ -200,21 +199,23 @@ async fn plan(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
 
 async fn health(State(app): State<Arc<App>>) -> Response {
     let alive = app.control.workers.iter().filter(|w| w.is_alive()).count();
-    let status = if alive > 0 {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        Json(json!({"status": if alive > 0 { "ok" } else { "no_workers" }, "workers_alive": alive, "workers": app.control.workers.len()})),
-    )
-        .into_response()
+    let up = app.control.gpu_up();
+    let gpus_up = up.iter().filter(|&&u| u).count();
+    let ok = alive > 0 && gpus_up > 0;
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let body = json!({
+        "status": if ok { "ok" } else { "no_capacity" },
+        "workers_alive": alive,
+        "workers": app.control.workers.len(),
+        "gpus_up": gpus_up,
+        "gpus": up.len(),
+    });
+    (status, Json(body)).into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let depth: Vec<u32> = (0..app.control.tiers().len()).map(|t| app.admission.in_flight(t)).collect();
-    let text = app.control.metrics.render(&depth, &app.control.tp_per_gpu());
+    let text = app.control.metrics.render(&depth, &app.control.tp_per_gpu(), &app.control.gpu_up());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -275,27 +276,24 @@ pub async fn run_gateway_with(config: GatewayConfig, workers: Vec<Arc<dyn Worker
         None => synthetic::llama8b_like(),
     };
     let gpus: Vec<u32> = config.workers.iter().map(|w| w.gpus).collect();
-    let cluster = Cluster::new(gpus.clone()).map_err(|e| GatewayError::Config(format!("workers: {e}")))?;
-    let planner = Planner::new(Arc::new(profile), config.tiers.clone(), cluster, config.planner.clone())
-        .map_err(|e| GatewayError::Planner(e.to_string()))?;
+    Cluster::new(gpus.clone()).map_err(|e| GatewayError::Config(format!("workers: {e}")))?;
     let metrics = Arc::new(Metrics::new(config.tiers.tiers().iter().map(|t| t.name.clone()).collect()));
+    let control_config = ControlConfig {
+        planner: config.planner.clone(),
+        window: config.window,
+        horizon: config.horizon,
+        memory: config.memory,
+        stats_timeout: config.stats_timeout,
+    };
     let control = Arc::new(
-        Control::new(
-            config.tiers.clone(),
-            planner,
-            workers,
-            &gpus,
-            config.horizon,
-            config.memory,
-            metrics,
-        )
-        .map_err(GatewayError::Planner)?,
+        Control::new(config.tiers.clone(), Arc::new(profile), workers, &gpus, control_config, metrics).map_err(GatewayError::Planner)?,
     );
-    control.push_plan(config.connect_timeout).await;
+    // The first window now: health, and the initial plan to every worker.
+    control.step().await;
     let app = Arc::new(App {
         model: config.model.clone(),
         codec,
-        admission: Admission::new(&config.tiers, &config.limits),
+        admission: Admission::new(&config.tiers),
         control: control.clone(),
         max_attempts: config.max_attempts,
         worker_timeout: config.worker_timeout,
@@ -310,7 +308,7 @@ pub async fn run_gateway_with(config: GatewayConfig, workers: Vec<Arc<dyn Worker
         message: e.to_string(),
     })?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let planner_task = tokio::spawn(control.clone().run_loop(config.window, config.connect_timeout));
+    let planner_task = tokio::spawn(control.clone().run_loop());
     let server = tokio::spawn(async move {
         let serve = axum::serve(listener, router(app)).with_graceful_shutdown(async move {
             let _ = stopped.await;

@@ -2,122 +2,22 @@
 //! gateway on port 0, a hyper client. Assertions are on behaviour, never on
 //! timing (waits are bounded only so a bug fails instead of hanging).
 
-use std::net::SocketAddr;
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::{HeaderMap, Request, StatusCode};
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tiertp_gateway::config::{GatewayConfig, TierLimits, TokenizerSource, WorkerSpec};
-use tiertp_gateway::server::{run_gateway, GatewayHandle};
-use tiertp_gateway::worker::mock::{MockConfig, MockWorker};
-use tiertp_scheduler::tiers::TierSet;
-
-const TIERS: &str = r#"
-[[tier]]
-name = "chat"
-ttft_ms = 500
-tpot_ms = 50
-api_keys = ["sk-chat"]
-
-[[tier]]
-name = "slow"
-ttft_ms = 5000
-tpot_ms = 200
-api_keys = ["sk-slow"]
-"#;
-
-const BOUND: Duration = Duration::from_secs(20);
-
-async fn start(mocks: &[MockConfig], limits: &[(&str, TierLimits)]) -> (GatewayHandle, Vec<MockWorker>) {
-    let limits: Vec<(String, TierLimits)> = limits.iter().map(|(n, l)| (n.to_string(), *l)).collect();
-    start_with(mocks, move |c| c.limits = limits.into_iter().collect()).await
-}
-
-async fn start_with(mocks: &[MockConfig], adjust: impl FnOnce(&mut GatewayConfig)) -> (GatewayHandle, Vec<MockWorker>) {
-    let mut workers = Vec::new();
-    for m in mocks {
-        workers.push(MockWorker::start(*m).await.unwrap());
-    }
-    let specs = workers
-        .iter()
-        .map(|w| WorkerSpec {
-            endpoint: w.endpoint().to_string(),
-            gpus: 1,
-        })
-        .collect();
-    let mut config = GatewayConfig::new("tiny", TokenizerSource::Tiny, TierSet::from_toml(TIERS, "tiers").unwrap(), specs);
-    config.bind = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.worker_timeout = Duration::from_secs(10);
-    adjust(&mut config);
-    let gw = run_gateway(config).await.unwrap();
-    (gw, workers)
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-}
-
-async fn call(addr: SocketAddr, path: &str, key: Option<&str>, body: Option<String>, extra: &[(&str, &str)]) -> Reply {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    let mut b = Request::builder().uri(path).header("host", "localhost");
-    if let Some(k) = key {
-        b = b.header("authorization", format!("Bearer {k}"));
-    }
-    for (h, v) in extra {
-        b = b.header(*h, *v);
-    }
-    let resp = match body {
-        Some(body) => tx.send_request(
-            b.method("POST")
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)).boxed())
-                .unwrap(),
-        ),
-        None => tx.send_request(b.method("GET").body(Empty::<Bytes>::new().boxed()).unwrap()),
-    };
-    let resp = tokio::time::timeout(BOUND, resp).await.expect("no answer").unwrap();
-    let (status, headers) = (resp.status(), resp.headers().clone());
-    let body = tokio::time::timeout(BOUND, resp.into_body().collect())
-        .await
-        .expect("body never ended")
-        .unwrap()
-        .to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
-
-async fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
-    call(addr, path, Some("sk-chat"), Some(body.to_string()), &[]).await
-}
-
-/// The `data:` payloads of an SSE body.
-fn sse_data(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.trim().to_string())
-        .collect()
-}
+use tiertp_gateway::worker::mock::MockConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completion_and_usage() {
-    let (gw, _w) = start(&[MockConfig::default()], &[]).await;
+    let (gw, _w) = start(&[MockConfig::default()]).await;
     let r = post(
         gw.addr,
         "/v1/completions",
@@ -134,7 +34,7 @@ async fn completion_and_usage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_completion_with_template() {
-    let (gw, _w) = start(&[MockConfig::default()], &[]).await;
+    let (gw, _w) = start(&[MockConfig::default()]).await;
     let r = post(
         gw.addr,
         "/v1/chat/completions",
@@ -153,13 +53,10 @@ async fn chat_completion_with_template() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_cut_the_text() {
-    let (gw, w) = start(
-        &[MockConfig {
-            token_delay: Duration::from_millis(1),
-            ..MockConfig::default()
-        }],
-        &[],
-    )
+    let (gw, w) = start(&[MockConfig {
+        token_delay: Duration::from_millis(1),
+        ..MockConfig::default()
+    }])
     .await;
     let r = post(
         gw.addr,
@@ -180,13 +77,10 @@ async fn stop_strings_cut_the_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_matches_non_streaming() {
-    let (gw, _w) = start(
-        &[MockConfig {
-            token_delay: Duration::from_millis(1),
-            ..MockConfig::default()
-        }],
-        &[],
-    )
+    let (gw, _w) = start(&[MockConfig {
+        token_delay: Duration::from_millis(1),
+        ..MockConfig::default()
+    }])
     .await;
     for (path, body) in [
         (
@@ -230,7 +124,7 @@ async fn streaming_matches_non_streaming() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_errors() {
-    let (gw, _w) = start(&[MockConfig::default()], &[]).await;
+    let (gw, _w) = start(&[MockConfig::default()]).await;
     let ok = json!({"model": "tiny", "prompt": "hello"}).to_string();
     let r = call(gw.addr, "/v1/completions", Some("sk-wrong"), Some(ok.clone()), &[]).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
@@ -273,7 +167,7 @@ async fn openai_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_endpoints() {
-    let (gw, w) = start(&[MockConfig::default(), MockConfig::default()], &[]).await;
+    let (gw, w) = start(&[MockConfig::default(), MockConfig::default()]).await;
     let _ = post(gw.addr, "/v1/completions", json!({"model": "tiny", "prompt": "hello"})).await;
     let models = call(gw.addr, "/v1/models", None, None, &[]).await.json();
     assert_eq!(models["data"][0]["id"], "tiny");
@@ -298,99 +192,12 @@ async fn info_endpoints() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redispatch_when_a_worker_fails() {
-    let failing = MockConfig {
-        failure_rate: 1.0,
-        ..MockConfig::default()
-    };
-    let (gw, w) = start(&[failing, MockConfig::default()], &[]).await;
-    let reqs = (0..16).map(|_| {
-        post(
-            gw.addr,
-            "/v1/completions",
-            json!({"model": "tiny", "prompt": "hello world", "max_tokens": 4}),
-        )
-    });
-    for r in futures_util::future::join_all(reqs).await {
-        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-        assert_eq!(r.json()["choices"][0]["text"], "hello world hello world");
-    }
-    let failed = w[0].counters().failures.load(Ordering::Relaxed);
-    assert!(failed > 0, "the failing worker got no request");
-    let m = call(gw.addr, "/metrics", None, None, &[]).await.body;
-    assert!(m.contains(&format!("tiertp_redispatches_total {failed}")), "{m}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_worker_leaves_no_request_hanging() {
-    let slow = MockConfig {
-        token_delay: Duration::from_millis(20),
-        ..MockConfig::default()
-    };
-    let (gw, mut w) = start(&[slow, slow], &[]).await;
-    let addr = gw.addr;
-    let reqs: Vec<_> = (0..6)
-        .map(|_| {
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/completions",
-                    json!({"model": "tiny", "prompt": "hello", "max_tokens": 50}),
-                )
-                .await
-            })
-        })
-        .collect();
-    // Once requests are running, the first worker dies.
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while w[0].counters().submits.load(Ordering::Relaxed) == 0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    w[0].kill();
-    let mut failed = 0;
-    for r in reqs {
-        let r = r.await.unwrap();
-        match r.status {
-            StatusCode::OK => assert_eq!(r.json()["usage"]["completion_tokens"], 50),
-            s => {
-                assert!(s.is_server_error(), "{s}: {}", r.body);
-                assert!(r.json()["error"]["message"].is_string());
-                failed += 1;
-            }
-        }
-    }
-    // Each request of the dead worker failed (tokens already sent) or was
-    // re-dispatched (none sent yet).
-    let m = call(gw.addr, "/metrics", None, None, &[]).await.body;
-    let redispatched: u64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("tiertp_redispatches_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(failed + redispatched > 0, "no request was on the dead worker");
-    // New requests go to the live worker.
-    let r = post(
-        gw.addr,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "hello", "max_tokens": 2}),
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_cancels_on_the_worker() {
     let slow = MockConfig {
         token_delay: Duration::from_millis(20),
         ..MockConfig::default()
     };
-    let limit = TierLimits {
-        max_concurrent: Some(1),
-        max_rps: None,
-    };
-    let (gw, w) = start(&[slow], &[("chat", limit)]).await;
+    let (gw, w) = start_with(&[slow], |c| c.tiers = limited_tiers("max_concurrent_requests = 1")).await;
     let stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
     let conn = tokio::spawn(conn);
@@ -447,15 +254,21 @@ async fn silent_worker_gives_504() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_live_worker_gives_503() {
-    let (gw, mut w) = start(&[MockConfig::default()], &[]).await;
-    w[0].kill();
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while call(gw.addr, "/health", None, None, &[]).await.status == StatusCode::OK {
-        assert!(tokio::time::Instant::now() < deadline, "the gateway never noticed the dead worker");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let r = post(gw.addr, "/v1/completions", json!({"model": "tiny", "prompt": "hello"})).await;
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
-    assert_eq!(r.json()["error"]["code"], "no_capacity");
+async fn tier_over_its_rate_gives_429_with_retry_after() {
+    // One request per minute for chat: the second is refused, for seconds.
+    let (gw, _w) = start_with(&[MockConfig::default()], |c| c.tiers = limited_tiers("max_requests_per_minute = 1")).await;
+    let body = json!({"model": "tiny", "prompt": "hello", "max_tokens": 2});
+    assert_eq!(post(gw.addr, "/v1/completions", body.clone()).await.status, StatusCode::OK);
+    let r = post(gw.addr, "/v1/completions", body.clone()).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.body);
+    let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    let e = r.json()["error"].clone();
+    assert_eq!(e["code"], "rate_limit_exceeded");
+    assert!(e["message"].as_str().unwrap().contains("max_requests_per_minute"), "{e}");
+    // The limit is the tier's: another tier's key is not affected.
+    let r = call(gw.addr, "/v1/completions", Some("sk-slow"), Some(body.to_string()), &[]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let m = call(gw.addr, "/metrics", None, None, &[]).await.body;
+    assert!(m.contains("tiertp_queue_depth{tier=\"chat\"} 0"), "{m}");
 }

@@ -2,7 +2,11 @@
 //! tests and the bench: it echoes the prompt's token ids as output (so the
 //! text is predictable), with a configurable per-token delay and a failure
 //! rate (a failed request ends with `worker_died`, as when an execution
-//! process dies). `kill` drops the socket, as when the whole agent dies.
+//! process dies). Devices can die and come back (`kill_device`,
+//! `revive_device`: their requests fail with `worker_died` and `stats`
+//! reports them `dead`, as an agent whose execution process died); `kill`
+//! drops the socket, as when the whole agent dies, and `restart_at` brings
+//! an agent back on the same endpoint.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::protocol::{self, codes, AgentMsg, ClientMsg, PlanApplied, StatsReply, TokenItem};
+use crate::protocol::{self, codes, device_states, AgentMsg, ClientMsg, DevicePlan, DeviceStats, PlanApplied, StatsReply, TokenItem};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MockConfig {
@@ -23,6 +27,8 @@ pub struct MockConfig {
     /// Probability that a request fails with `worker_died` before any token.
     pub failure_rate: f64,
     pub seed: u64,
+    /// Devices (GPUs) this agent drives.
+    pub devices: u32,
 }
 
 impl Default for MockConfig {
@@ -31,6 +37,7 @@ impl Default for MockConfig {
             token_delay: Duration::ZERO,
             failure_rate: 0.0,
             seed: 1,
+            devices: 1,
         }
     }
 }
@@ -44,22 +51,86 @@ pub struct MockCounters {
     pub plans: AtomicU64,
 }
 
+type Outbox = mpsc::UnboundedSender<(Bytes, AgentMsg)>;
+
+struct Running {
+    task: JoinHandle<()>,
+    /// The TP group's devices, as (first, tp).
+    group: (u32, u32),
+    peer: Bytes,
+}
+
+/// State that outlives a `kill` (what the devices are doing).
+struct Devices {
+    dead: Vec<bool>,
+    running: FxHashMap<u64, Running>,
+    /// Submits per device (the first device of the request's group).
+    submits: Vec<u64>,
+    plan: Option<(u64, Vec<DevicePlan>)>,
+    out: Option<Outbox>,
+}
+
 pub struct MockWorker {
     endpoint: String,
+    config: MockConfig,
     counters: Arc<MockCounters>,
     tasks: Vec<JoinHandle<()>>,
-    running: Arc<Mutex<FxHashMap<u64, JoinHandle<()>>>>,
+    devices: Arc<Mutex<Devices>>,
+}
+
+fn covers(group: (u32, u32), device: u32) -> bool {
+    (group.0..group.0 + group.1).contains(&device)
 }
 
 impl MockWorker {
     /// Binds `tcp://127.0.0.1:0` and serves until dropped or killed.
     pub async fn start(config: MockConfig) -> Result<Self, zeromq::ZmqError> {
+        let devices = Arc::new(Mutex::new(Devices {
+            dead: vec![false; config.devices as usize],
+            running: FxHashMap::default(),
+            submits: vec![0; config.devices as usize],
+            plan: None,
+            out: None,
+        }));
+        let mut w = Self {
+            endpoint: String::new(),
+            config,
+            counters: Arc::default(),
+            tasks: Vec::new(),
+            devices,
+        };
+        w.serve("tcp://127.0.0.1:0").await?;
+        Ok(w)
+    }
+
+    /// After `kill`: serves again on the same endpoint, as an agent that was
+    /// restarted (no plan applied yet, every device alive).
+    pub async fn restart(&mut self) -> Result<(), zeromq::ZmqError> {
+        self.kill();
+        {
+            let mut d = self.devices.lock().unwrap();
+            d.dead.iter_mut().for_each(|x| *x = false);
+            d.plan = None;
+        }
+        let endpoint = self.endpoint.clone();
+        // The old listener may take a moment to let go of the port.
+        let mut last = None;
+        for _ in 0..100 {
+            match self.serve(&endpoint).await {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(last.expect("tried at least once"))
+    }
+
+    async fn serve(&mut self, endpoint: &str) -> Result<(), zeromq::ZmqError> {
         let mut socket = RouterSocket::new();
-        let endpoint = socket.bind("tcp://127.0.0.1:0").await?.to_string();
+        self.endpoint = socket.bind(endpoint).await?.to_string();
         let (mut tx, mut rx) = socket.split();
         let (out, mut out_rx) = mpsc::unbounded_channel::<(Bytes, AgentMsg)>();
-        let counters = Arc::new(MockCounters::default());
-        let running: Arc<Mutex<FxHashMap<u64, JoinHandle<()>>>> = Arc::default();
+        self.devices.lock().unwrap().out = Some(out.clone());
         let writer = tokio::spawn(async move {
             let mut batch = Vec::new();
             while out_rx.recv_many(&mut batch, 256).await > 0 {
@@ -81,7 +152,7 @@ impl MockWorker {
             }
         });
         let reader = {
-            let (counters, running) = (counters.clone(), running.clone());
+            let (counters, devices, config) = (self.counters.clone(), self.devices.clone(), self.config);
             tokio::spawn(async move {
                 let mut rng = config.seed.max(1);
                 while let Ok(msg) = rx.recv().await {
@@ -94,9 +165,24 @@ impl MockWorker {
                     };
                     match protocol::decode::<ClientMsg>(&body) {
                         Ok(ClientMsg::Submit {
-                            id, input_ids, sampling, ..
+                            id,
+                            input_ids,
+                            sampling,
+                            group,
+                            ..
                         }) => {
                             counters.submits.fetch_add(1, Ordering::Relaxed);
+                            let group = group.unwrap_or((0, 1));
+                            let mut d = devices.lock().unwrap();
+                            if let Some(n) = d.submits.get_mut(group.0 as usize) {
+                                *n += 1;
+                            }
+                            let dead = (group.0..group.0 + group.1).find(|&g| d.dead.get(g as usize).copied().unwrap_or(true));
+                            if let Some(g) = dead {
+                                counters.failures.fetch_add(1, Ordering::Relaxed);
+                                reply(error(Some(id), codes::WORKER_DIED, &format!("mock device {g} is dead or unknown")));
+                                continue;
+                            }
                             if next_unit(&mut rng) < config.failure_rate {
                                 counters.failures.fetch_add(1, Ordering::Relaxed);
                                 reply(error(Some(id), codes::WORKER_DIED, "mock execution process died"));
@@ -115,68 +201,63 @@ impl MockWorker {
                                     }],
                                 });
                             } else {
-                                let (out, peer, running2) = (out.clone(), peer.clone(), running.clone());
-                                let task = tokio::spawn(async move {
-                                    let n = output.0.len();
-                                    for (k, tok) in output.0.into_iter().enumerate() {
-                                        tokio::time::sleep(config.token_delay).await;
-                                        let last = k + 1 == n;
-                                        let item = TokenItem {
-                                            id,
-                                            tokens: vec![tok],
-                                            finished: last,
-                                            finish_reason: last.then(|| output.1.to_string()),
-                                            prompt_tokens: if k == 0 { prompt_tokens } else { None },
-                                        };
-                                        let _ = out.send((peer.clone(), AgentMsg::Tokens { items: vec![item] }));
-                                    }
-                                    if n == 0 {
-                                        let item = TokenItem {
-                                            id,
-                                            tokens: Vec::new(),
-                                            finished: true,
-                                            finish_reason: Some(output.1.to_string()),
-                                            prompt_tokens,
-                                        };
-                                        let _ = out.send((peer.clone(), AgentMsg::Tokens { items: vec![item] }));
-                                    }
-                                    running2.lock().unwrap().remove(&id);
-                                });
-                                running.lock().unwrap().insert(id, task);
+                                let task = tokio::spawn(stream_tokens(
+                                    out.clone(),
+                                    peer.clone(),
+                                    devices.clone(),
+                                    id,
+                                    output,
+                                    prompt_tokens,
+                                    config.token_delay,
+                                ));
+                                d.running.insert(
+                                    id,
+                                    Running {
+                                        task,
+                                        group,
+                                        peer: peer.clone(),
+                                    },
+                                );
                             }
                         }
                         Ok(ClientMsg::Cancel { id }) => {
                             counters.cancels.fetch_add(1, Ordering::Relaxed);
-                            if let Some(t) = running.lock().unwrap().remove(&id) {
-                                t.abort();
+                            if let Some(r) = devices.lock().unwrap().running.remove(&id) {
+                                r.task.abort();
                             }
                             reply(error(Some(id), codes::CANCELLED, "cancelled by the client"));
                         }
-                        Ok(ClientMsg::ApplyPlan { plan_id, .. }) => {
+                        Ok(ClientMsg::ApplyPlan { plan_id, devices: plan }) => {
                             counters.plans.fetch_add(1, Ordering::Relaxed);
-                            reply(AgentMsg::PlanApplied(PlanApplied {
-                                plan_id,
-                                ok: true,
-                                reason: None,
-                                switch_ms: 0.0,
-                            }));
+                            let n = config.devices;
+                            let applied = match plan.iter().find(|p| p.device >= n) {
+                                Some(p) => PlanApplied {
+                                    plan_id,
+                                    ok: false,
+                                    reason: Some(format!("unknown device {}: this node has devices 0..{}", p.device, n - 1)),
+                                    switch_ms: 0.0,
+                                },
+                                None => {
+                                    devices.lock().unwrap().plan = Some((plan_id, plan));
+                                    PlanApplied {
+                                        plan_id,
+                                        ok: true,
+                                        reason: None,
+                                        switch_ms: 0.0,
+                                    }
+                                }
+                            };
+                            reply(AgentMsg::PlanApplied(applied));
                         }
-                        Ok(ClientMsg::Stats) => reply(AgentMsg::Stats(StatsReply {
-                            devices: Vec::new(),
-                            plan_id: None,
-                        })),
+                        Ok(ClientMsg::Stats) => reply(AgentMsg::Stats(stats(&devices.lock().unwrap()))),
                         Ok(ClientMsg::Ping) => reply(AgentMsg::Pong),
                         Err(e) => reply(error(None, codes::BAD_REQUEST, &e.to_string())),
                     }
                 }
             })
         };
-        Ok(Self {
-            endpoint,
-            counters,
-            tasks: vec![writer, reader],
-            running,
-        })
+        self.tasks = vec![writer, reader];
+        Ok(())
     }
 
     pub fn endpoint(&self) -> &str {
@@ -187,13 +268,50 @@ impl MockWorker {
         &self.counters
     }
 
+    /// Requests submitted to each device (the first device of their group).
+    pub fn submits_per_device(&self) -> Vec<u64> {
+        self.devices.lock().unwrap().submits.clone()
+    }
+
+    /// The last plan applied: its id and device entries.
+    pub fn last_plan(&self) -> Option<(u64, Vec<DevicePlan>)> {
+        self.devices.lock().unwrap().plan.clone()
+    }
+
+    /// A device's execution process dies: its running requests fail with
+    /// `worker_died`, new ones on it too, `stats` says `dead`.
+    pub fn kill_device(&self, device: u32) {
+        let mut d = self.devices.lock().unwrap();
+        d.dead[device as usize] = true;
+        let lost: Vec<u64> = d
+            .running
+            .iter()
+            .filter(|(_, r)| covers(r.group, device))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in lost {
+            let r = d.running.remove(&id).expect("listed above");
+            r.task.abort();
+            if let Some(out) = &d.out {
+                let _ = out.send((r.peer, error(Some(id), codes::WORKER_DIED, &format!("mock device {device} died"))));
+            }
+        }
+    }
+
+    /// The device is ready again.
+    pub fn revive_device(&self, device: u32) {
+        self.devices.lock().unwrap().dead[device as usize] = false;
+    }
+
     /// Dies: drops the socket and every running request without a reply.
     pub fn kill(&mut self) {
         for t in self.tasks.drain(..) {
             t.abort();
         }
-        for (_, t) in self.running.lock().unwrap().drain() {
-            t.abort();
+        let mut d = self.devices.lock().unwrap();
+        d.out = None;
+        for (_, r) in d.running.drain() {
+            r.task.abort();
         }
     }
 }
@@ -201,6 +319,77 @@ impl MockWorker {
 impl Drop for MockWorker {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+fn stats(d: &Devices) -> StatsReply {
+    let planned = |device: u32| d.plan.as_ref().and_then(|(_, p)| p.iter().find(|e| e.device == device));
+    StatsReply {
+        devices: (0..d.dead.len() as u32)
+            .map(|device| {
+                let p = planned(device);
+                DeviceStats {
+                    device,
+                    role: p.map(|p| p.role.clone()),
+                    tier: p.map(|p| p.tier.clone()),
+                    tp_group: p.map(|p| p.tp_group),
+                    running: d.running.values().filter(|r| covers(r.group, device)).count() as u32,
+                    waiting: 0,
+                    kv_used_tokens: None,
+                    kv_capacity_tokens: None,
+                    state: Some(
+                        if d.dead[device as usize] {
+                            device_states::DEAD
+                        } else {
+                            device_states::READY
+                        }
+                        .to_string(),
+                    ),
+                }
+            })
+            .collect(),
+        plan_id: d.plan.as_ref().map(|(id, _)| *id),
+    }
+}
+
+async fn stream_tokens(
+    out: Outbox,
+    peer: Bytes,
+    devices: Arc<Mutex<Devices>>,
+    id: u64,
+    output: (Vec<u32>, &'static str),
+    prompt_tokens: Option<u32>,
+    delay: Duration,
+) {
+    let n = output.0.len();
+    for (k, tok) in output.0.into_iter().enumerate() {
+        tokio::time::sleep(delay).await;
+        let last = k + 1 == n;
+        let item = TokenItem {
+            id,
+            tokens: vec![tok],
+            finished: last,
+            finish_reason: last.then(|| output.1.to_string()),
+            prompt_tokens: if k == 0 { prompt_tokens } else { None },
+        };
+        if last {
+            // Off the running list before the terminal item, so a device
+            // death cannot send a second terminal message.
+            if devices.lock().unwrap().running.remove(&id).is_none() {
+                return;
+            }
+        }
+        let _ = out.send((peer.clone(), AgentMsg::Tokens { items: vec![item] }));
+    }
+    if n == 0 && devices.lock().unwrap().running.remove(&id).is_some() {
+        let item = TokenItem {
+            id,
+            tokens: Vec::new(),
+            finished: true,
+            finish_reason: Some(output.1.to_string()),
+            prompt_tokens,
+        };
+        let _ = out.send((peer.clone(), AgentMsg::Tokens { items: vec![item] }));
     }
 }
 

@@ -1,8 +1,8 @@
 //! The worker control protocol over ZeroMQ (docs/worker-protocol.md): one
-//! DEALER socket per agent, a writer task fed by a channel (so the request
-//! path never awaits the socket), a reader task routing token batches to
-//! per-request channels, and a monitor task that fails every pending request
-//! when the connection drops.
+//! DEALER socket per agent, written from a channel (so the request path
+//! never awaits the socket), read by routing token batches to per-request
+//! channels, and watched: when the connection drops, every pending request
+//! fails and the agent is dialled again until it is back.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot};
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
@@ -102,24 +103,104 @@ impl Shared {
 
 pub struct ZmqWorker {
     shared: Arc<Shared>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    supervisor: tokio::task::JoinHandle<()>,
 }
 
-impl ZmqWorker {
-    /// Connects to an agent's ROUTER endpoint (e.g. `tcp://127.0.0.1:7100`).
-    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
+/// Waits between reconnection attempts: doubling from the first to the last.
+const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+
+/// One connection to the agent: the socket and its event monitor.
+struct Connection {
+    socket: DealerSocket,
+    monitor: futures_util::stream::BoxStream<'static, SocketEvent>,
+}
+
+impl Connection {
+    async fn open(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
         let connect_err = |reason: String| WorkerError::Connect {
             worker: endpoint.to_string(),
             reason,
         };
         let mut socket = DealerSocket::new();
-        let mut monitor = socket.monitor();
+        let monitor = Box::pin(socket.monitor());
         tokio::time::timeout(timeout, socket.connect(endpoint))
             .await
             .map_err(|_| connect_err(format!("no connection within {} s", timeout.as_secs_f64())))?
             .map_err(|e| connect_err(e.to_string()))?;
+        Ok(Self { socket, monitor })
+    }
+
+    /// Carries messages both ways until the connection fails; returns why.
+    async fn run(self, shared: &Shared, out_rx: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> String {
+        let Connection { socket, mut monitor } = self;
         let (mut tx, mut rx) = socket.split();
-        let (out, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let writer = async {
+            while let Some(buf) = out_rx.recv().await {
+                if let Err(e) = tx.send(ZmqMessage::from(buf)).await {
+                    return format!("send failed: {e}");
+                }
+            }
+            "client closed".to_string()
+        };
+        let reader = async {
+            loop {
+                match rx.recv().await {
+                    Ok(msg) => match msg.get(0).map(|f| protocol::decode::<AgentMsg>(f)) {
+                        Some(Ok(m)) => shared.route(m),
+                        Some(Err(e)) => log::warn!("worker {}: undecodable message: {e}", shared.name),
+                        None => {}
+                    },
+                    Err(e) => return format!("receive failed: {e}"),
+                }
+            }
+        };
+        let watcher = async {
+            while let Some(event) = monitor.next().await {
+                if matches!(event, SocketEvent::Disconnected(_) | SocketEvent::Closed) {
+                    return "connection lost".to_string();
+                }
+            }
+            "connection monitor ended".to_string()
+        };
+        tokio::select! {
+            r = writer => r,
+            r = reader => r,
+            r = watcher => r,
+        }
+    }
+}
+
+/// Runs connections one after the other: when one fails, every pending
+/// request fails (`worker_died`: none may hang) and the agent is dialled
+/// again until it answers, e.g. after a restart.
+async fn supervise(shared: Arc<Shared>, mut conn: Connection, mut out_rx: mpsc::UnboundedReceiver<Vec<u8>>, timeout: Duration) {
+    loop {
+        let reason = conn.run(&shared, &mut out_rx).await;
+        log::warn!("worker {}: {reason}; reconnecting", shared.name);
+        shared.fail_all(&reason);
+        let mut wait = RECONNECT_BACKOFF.0;
+        conn = loop {
+            tokio::time::sleep(wait).await;
+            match Connection::open(&shared.name, timeout).await {
+                Ok(c) => break c,
+                Err(_) => wait = (wait * 2).min(RECONNECT_BACKOFF.1),
+            }
+        };
+        // What was queued meanwhile was meant for the agent that is gone.
+        while out_rx.try_recv().is_ok() {}
+        shared.fail_all("connection lost");
+        shared.alive.store(true, Ordering::SeqCst);
+        log::info!("worker {}: reconnected", shared.name);
+    }
+}
+
+impl ZmqWorker {
+    /// Connects to an agent's ROUTER endpoint (e.g. `tcp://127.0.0.1:7100`);
+    /// the first connection must succeed within `timeout`, later ones are
+    /// retried for as long as the client lives.
+    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
+        let conn = Connection::open(endpoint, timeout).await?;
+        let (out, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let shared = Arc::new(Shared {
             name: endpoint.to_string(),
             alive: AtomicBool::new(true),
@@ -128,59 +209,15 @@ impl ZmqWorker {
             stats_waiters: Mutex::default(),
             out,
         });
-        let writer = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                while let Some(buf) = out_rx.recv().await {
-                    if let Err(e) = tx.send(ZmqMessage::from(buf)).await {
-                        shared.fail_all(&format!("send failed: {e}"));
-                    }
-                }
-            })
-        };
-        let reader = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                loop {
-                    match rx.recv().await {
-                        Ok(msg) => match msg.get(0).map(|f| protocol::decode::<AgentMsg>(f)) {
-                            Some(Ok(m)) => shared.route(m),
-                            Some(Err(e)) => log::warn!("worker {}: undecodable message: {e}", shared.name),
-                            None => {}
-                        },
-                        Err(e) => {
-                            shared.fail_all(&format!("receive failed: {e}"));
-                            break;
-                        }
-                    }
-                }
-            })
-        };
-        let watcher = {
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                while let Ok(event) = monitor.recv().await {
-                    match event {
-                        SocketEvent::Disconnected(_) | SocketEvent::Closed => shared.fail_all("connection lost"),
-                        SocketEvent::Connected(..) => shared.alive.store(true, Ordering::SeqCst),
-                        _ => {}
-                    }
-                }
-            })
-        };
-        Ok(Self {
-            shared,
-            tasks: vec![writer, reader, watcher],
-        })
+        let supervisor = tokio::spawn(supervise(shared.clone(), conn, out_rx, timeout));
+        Ok(Self { shared, supervisor })
     }
 }
 
 impl Drop for ZmqWorker {
     fn drop(&mut self) {
         self.shared.fail_all("client closed");
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.supervisor.abort();
     }
 }
 

@@ -1,0 +1,142 @@
+"""`tiertp serve` on CPU, the parts beyond the OpenAI surface: a tier over its
+limits (from the tier file) gets the SDK's RateLimitError with Retry-After,
+and a plan the control loop decides reaches the real node agent as
+`apply_plan` and shows in the agent's own `stats` and in `/v1/plan`.
+
+One serve (tiny-llama, one device, a short control window, a profile file
+given with --profile), started once for the module; the agent's ZeroMQ port
+is chosen here so the test can ask the agent directly.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from contextlib import closing
+
+import httpx
+import openai
+import pytest
+import zmq
+from test_serve_openai import MODEL, started
+
+from tiertp.profiles import resolve
+from tiertp.worker import protocol as P
+
+TIERS = """
+[[tier]]
+name = "chat"
+ttft_ms = 600
+tpot_ms = 60
+weight = 2.0
+api_keys = ["sk-chat"]
+
+[[tier]]
+name = "agent"
+ttft_ms = 3000
+tpot_ms = 150
+api_keys = ["sk-agent"]
+
+[[tier]]
+name = "trial"
+background = true
+api_keys = ["sk-trial"]
+max_requests_per_minute = 1
+max_concurrent_requests = 4
+"""
+KEYS = {"chat": "sk-chat", "agent": "sk-agent"}
+WAIT_S = 120
+
+
+def _free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-control")
+    tiers = tmp / "tiers.toml"
+    tiers.write_text(TIERS)
+    port = _free_port()
+    profile = resolve("h100", "llama-3.1-8b")
+    s = started(tmp, ("--tiers", str(tiers), "--window", "0.25", "--worker-port", str(port),
+                      "--profile", str(profile)))
+    serve = next(s)
+    assert f"profile {profile}" in "".join(serve.lines)
+    serve.agent_endpoint = f"tcp://127.0.0.1:{port}"
+    yield serve
+    next(s, None)
+
+
+def client(serve, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=serve.url, api_key=key, max_retries=0, timeout=60)
+
+
+def agent_stats(endpoint: str) -> dict:
+    """The agent's `stats`, asked over the worker protocol as any client may."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send(P.encode({"type": P.STATS}))
+        assert sock.poll(30_000), "the agent did not answer stats"
+        msg = P.decode(sock.recv())
+        assert msg["type"] == P.STATS, msg
+        return msg
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def gateway_plan(serve) -> dict:
+    return httpx.get(f"{serve.url}/plan", timeout=30).json()
+
+
+def test_a_planned_tier_change_reaches_the_agent(serve):
+    # First in the module: no request has reached the gateway yet (the
+    # warm-up goes to the agent directly), so the idle plan gives the one device to a tier; the agent runs it.
+    plan = gateway_plan(serve)
+    assert [g["first_gpu"] for g in plan["groups"]] == [0]
+    first = plan["groups"][0]["tier"]
+    stats = agent_stats(serve.agent_endpoint)
+    assert stats["plan_id"] == plan["plan_id"] == plan["workers"][0]["applied_plan_id"]
+    assert stats["devices"][0]["tier"] == first
+    # Load only on the other SLO tier: the control loop moves the device to it
+    # (a role/tier change at TP1) and sends the plan to the agent.
+    other = "agent" if first == "chat" else "chat"
+    c = client(serve, KEYS[other])
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        assert c.completions.create(model=MODEL, prompt="hello there", max_tokens=2).usage
+        plan = gateway_plan(serve)
+        moved = plan["groups"][0]["tier"] == other and plan["workers"][0]["applied_plan_id"] == plan["plan_id"]
+        if moved:
+            break
+        assert time.monotonic() < deadline, f"the plan never moved the device to {other}: {plan}"
+        time.sleep(0.3)
+    stats = agent_stats(serve.agent_endpoint)
+    assert stats["plan_id"] >= plan["plan_id"] > 1
+    device = stats["devices"][0]
+    assert device["tier"] == other
+    assert (device["role"], device["tp_group"]) == (plan["groups"][0]["role"], [0, 1])
+    # Requests still run after the change, on the tier that now owns the device.
+    assert c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2).usage
+
+
+def test_tier_over_its_rate_limit_gets_429_with_retry_after(serve):
+    trial = client(serve, "sk-trial")
+    r = trial.completions.create(model=MODEL, prompt="hello", max_tokens=1)
+    assert r.usage is not None
+    # One request per minute: the next one within the minute is refused.
+    with pytest.raises(openai.RateLimitError) as e:
+        trial.completions.create(model=MODEL, prompt="hello", max_tokens=1)
+    assert e.value.status_code == 429
+    assert e.value.code == "rate_limit_exceeded"
+    assert "max_requests_per_minute" in str(e.value)
+    retry_after = int(e.value.response.headers["retry-after"])
+    assert 1 <= retry_after <= 60
+    # The limit is the tier's own: another tier's key still gets through.
+    assert client(serve, "sk-chat").completions.create(model=MODEL, prompt="hello", max_tokens=1).usage
