@@ -3,10 +3,19 @@ tiertp, its ablations and the baselines (each baseline at its best setting,
 chosen with hindsight per load), over a load sweep; write report.json,
 report.csv and PNG plots.
 
+With --live URL the same workload is replayed against a running server
+(`tiertp serve`) instead: requests sent at their scaled arrival times with
+the trace's prompt lengths (token-id prompts) and max_tokens = output length,
+streamed, with each tier's API key; measured TTFT/TPOT give the same report
+(plus requests-<rps>rps.csv: every request, completed or failed with why).
+
 Example (the Azure traces, two SLO tiers, 8 H100s):
   tiertp replay --trace azure-conv --trace azure-code --tiers azure-two-tier \\
       --gpus 8 --gpu h100 --model llama-3.1-8b --policies all \\
       --rps 5,10,20,40,70 --duration 600 --out report/
+Live, against `tiertp serve --devices 2` on this machine:
+  tiertp replay --live http://127.0.0.1:8000/v1 --trace azure-conv --trace azure-code \\
+      --rps 0.5 --duration 60 --max-prompt-tokens 256 --max-output-tokens 32 --out report-live/
 """
 
 from __future__ import annotations
@@ -15,6 +24,8 @@ import argparse
 from pathlib import Path
 
 from tiertp.profile_source import add_profile_arguments, load_profile
+from tiertp.replay.live.caps import LengthCaps
+from tiertp.replay.live.limits import Limits
 from tiertp.replay.driver import ReplayConfig, replay
 from tiertp.replay.policies import ALL
 from tiertp.replay.tier_configs import TIER_CONFIGS, resolve_tiers
@@ -58,6 +69,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--window", type=float, default=1.0, metavar="S", help="control window (s)")
     c.add_argument("--switch-ms", type=float, help="TP switch stop time (default: the simulator's)")
     c.add_argument("--kv-gbps", type=float, help="KV transfer bandwidth, GB/s (default: the simulator's)")
+    lv = p.add_argument_group("live replay (--live)")
+    lv.add_argument("--live", metavar="URL", help="replay against this running server (e.g. http://127.0.0.1:8000/v1) "
+                    "instead of the simulator; --tiers must be the server's (API keys)")
+    lv.add_argument("--max-prompt-tokens", type=int, metavar="N", help="cap prompt lengths (recorded in the report)")
+    lv.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths (recorded in the report)")
+    lv.add_argument("--first-token-timeout", type=float, default=Limits.first_token_s, metavar="S",
+                    help="fail a request with no first token S seconds after sending (default %(default)s)")
+    lv.add_argument("--stall-timeout", type=float, default=Limits.stall_s, metavar="S",
+                    help="fail a stream silent for S seconds (default %(default)s)")
+    lv.add_argument("--request-timeout", type=float, default=Limits.total_s, metavar="S",
+                    help="fail a request not finished S seconds after sending (default %(default)s)")
+    lv.add_argument("--tokenizer", metavar="MODEL", help="embedded model name or model directory whose tokenizer "
+                    "makes the prompts (default: the served model's name)")
+    lv.add_argument("--served-model", metavar="NAME", help="model to request when the server lists several")
+    lv.add_argument("--api-key", action="append", default=[], metavar="TIER=KEY",
+                    help="API key for a tier (default: the first of the tier's api_keys in --tiers); repeatable")
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
     o.add_argument("--plot-rps", type=float, help="load (one of --rps) for the timeline and CDF plots (default: middle)")
@@ -67,6 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.live:
+        return run_live(args)
+    if args.max_prompt_tokens or args.max_output_tokens:
+        raise ValueError("--max-prompt-tokens/--max-output-tokens go with --live (the simulated replay "
+                         "replays the trace's lengths)")
     cfg = ReplayConfig(
         traces=args.trace,
         tiers_path=resolve_tiers(args.tiers),
@@ -91,3 +123,50 @@ def run(args: argparse.Namespace) -> int:
     print(report.table)
     print("wrote " + ", ".join(str(f) for f in report.files))
     return 0
+
+
+def parse_api_keys(items: list[str]) -> dict[str, str]:
+    keys = {}
+    for item in items:
+        for pair in item.split(","):
+            tier, sep, key = pair.partition("=")
+            if not sep or not tier.strip() or not key.strip():
+                raise ValueError(f"--api-key {item!r}: expected TIER=KEY")
+            keys[tier.strip()] = key.strip()
+    return keys
+
+
+def run_live(args: argparse.Namespace) -> int:
+    from tiertp.replay.live import LiveReplayConfig, live_replay
+
+    if args.profile or args.gpu or args.model:
+        raise ValueError("--live replays against a server: --profile/--gpu/--model do not apply")
+    cfg = LiveReplayConfig(
+        url=args.live,
+        traces=args.trace,
+        tiers_path=resolve_tiers(args.tiers),
+        out=args.out,
+        tier_rule=TierRule.parse(args.tier_map, args.tier_fractions),
+        rps=args.rps,
+        duration_s=args.duration,
+        seed=args.seed,
+        caps=LengthCaps(args.max_prompt_tokens, args.max_output_tokens),
+        limits=Limits(first_token_s=args.first_token_timeout, stall_s=args.stall_timeout,
+                      total_s=args.request_timeout),
+        tokenizer=args.tokenizer,
+        served_model=args.served_model,
+        api_keys=parse_api_keys(args.api_key),
+        plot_rps=args.plot_rps,
+        plots=not args.no_plots,
+        progress=not args.no_progress,
+    )
+    report = live_replay(cfg)
+    print("goodput, req/s within SLO (measured):")
+    print(report.table)
+    for r in report.results:
+        live = r.policies["live"].best.live
+        print(f"{r.load.offered_rps:.2f} req/s: {live['completed']} completed, {live['failed']} failed"
+              + (f" {live['failures']}" if live["failures"] else ""))
+    print("wrote " + ", ".join(str(f) for f in report.files))
+    interrupted = any(r.policies["live"].best.live["interrupted"] for r in report.results)
+    return 130 if interrupted else 0

@@ -1,0 +1,132 @@
+"""`tiertp fidelity`: how well does the simulator predict the real system?
+
+Profiles the local engine (`tiertp profile`, or --profile FILE), starts
+`tiertp serve` (or uses --url), and for each load simulates the trace with
+that profile on the same cluster (devices, TP levels and KV slots of the live
+workers, the gateway's control window, the same SLOs, the same capped
+requests) and replays it live. Prints predicted vs measured goodput, SLO
+attainment and TTFT/TPOT p50/p90/p99 per tier with relative errors, and
+writes fidelity.json plus the replay report (both runs side by side).
+
+Example (this 2-core CPU host, SmolLM2-135M on 2 devices, two tiers):
+  tiertp fidelity --trace azure-conv --tier-fractions chat=0.5,agent=0.5 \\
+      --rps 0.3,0.6 --duration 120 --max-prompt-tokens 256 --max-output-tokens 32 --out fidelity/
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tiertp.commands.replay import _floats
+from tiertp.replay.live.caps import LengthCaps
+from tiertp.replay.live.limits import Limits
+from tiertp.replay.tier_configs import resolve_tiers
+from tiertp.replay.workload import TierRule
+
+
+def _cpus(spec: str) -> list[int]:
+    try:
+        cpus = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated core numbers, got {spec!r}") from None
+    if not cpus or min(cpus) < 0:
+        raise argparse.ArgumentTypeError(f"expected core numbers >= 0, got {spec!r}")
+    return cpus
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from tiertp.fidelity.defaults import GATEWAY_WINDOW_S, TIERS_CPU_TWO_TIER
+
+    p = sub.add_parser("fidelity", help="simulated vs live replay of one trace: predicted vs measured goodput",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    w = p.add_argument_group("workload (as tiertp replay)")
+    w.add_argument("--trace", action="append", default=[], required=True, metavar="TRACE",
+                   help="named trace, FORMAT:PATH, PATH or synthetic:...; repeat to merge")
+    w.add_argument("--tier-map", metavar="TRACE=TIER,...")
+    w.add_argument("--tier-fractions", metavar="TIER=F,...")
+    w.add_argument("--tiers", default=str(TIERS_CPU_TWO_TIER),
+                   help="tier TOML given to both the server and the simulator (default: the CPU two-tier file "
+                        "shipped in tiertp/fidelity)")
+    w.add_argument("--rps", type=_floats, required=True, metavar="R1,R2,...", help="offered loads, req/s")
+    w.add_argument("--duration", type=float, required=True, metavar="S", help="seconds of trace per load")
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-prompt-tokens", type=int, metavar="N", help="cap prompt lengths (both runs)")
+    w.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths (both runs)")
+    c = p.add_argument_group("system")
+    c.add_argument("--model", default="smollm2-135m", help="embedded model or model dir (default %(default)s)")
+    c.add_argument("--devices", type=int, default=2, help="devices of the started server (default %(default)s)")
+    c.add_argument("--serve-cpus", type=_cpus, metavar="C1,C2,...",
+                   help="pin the started server to these cores (its engines size their threads from them); "
+                        "e.g. --devices 1 --serve-cpus 1 serves one single-threaded device as the profile measures")
+    c.add_argument("--url", help="use this running tiertp serve instead of starting one (its --tiers must match)")
+    c.add_argument("--tokenizer", metavar="MODEL", help="tokenizer for the prompts (default: --model, or with --url "
+                   "the served model's name)")
+    c.add_argument("--profile", type=Path, help="reuse this measured profile instead of running tiertp profile")
+    c.add_argument("--quick-profile", action="store_true", help="tiertp profile --quick (a tiny grid; tests only)")
+    c.add_argument("--sim-policy", default="tiertp",
+                   help="simulator policies to compare, comma list; the first is the prediction (default %(default)s)")
+    c.add_argument("--window", type=float, default=GATEWAY_WINDOW_S, metavar="S",
+                   help="simulator control window (default: the gateway's, %(default)s s)")
+    c.add_argument("--iteration-overhead-ms", type=float, default=0.0, metavar="MS",
+                   help="add MS to every profile cell for the simulator (a step-runner overhead; default 0)")
+    o = p.add_argument_group("client and output")
+    o.add_argument("--first-token-timeout", type=float, default=Limits.first_token_s, metavar="S")
+    o.add_argument("--stall-timeout", type=float, default=Limits.stall_s, metavar="S")
+    o.add_argument("--request-timeout", type=float, default=Limits.total_s, metavar="S")
+    o.add_argument("--probe", type=int, default=2, metavar="N",
+                   help="unloaded probe: N requests per tier sent one at a time before the loads (default 2; 0: none)")
+    o.add_argument("--no-calibrate", action="store_true",
+                   help="skip the calibrated prediction (the profile scaled by the probe's measured/predicted TPOT)")
+    o.add_argument("--cooldown", type=float, default=5.0, metavar="S", help="pause between loads (default 5)")
+    o.add_argument("--out", type=Path, default=Path("fidelity"), help="output folder (default fidelity/)")
+    o.add_argument("--no-plots", action="store_true")
+    o.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tiertp.fidelity.driver import FidelityConfig, run_fidelity
+
+    if args.devices < 1:
+        raise ValueError(f"--devices must be >= 1, got {args.devices}")
+    if args.url and args.serve_cpus:
+        raise ValueError("--serve-cpus pins a server this command starts; with --url the server is already running")
+    if args.profile is not None and not args.profile.is_file():
+        raise ValueError(f"--profile {args.profile}: no such file")
+    cfg = FidelityConfig(
+        traces=args.trace,
+        rps=args.rps,
+        duration_s=args.duration,
+        out=args.out,
+        tiers_path=resolve_tiers(args.tiers),
+        tier_rule=TierRule.parse(args.tier_map, args.tier_fractions),
+        seed=args.seed,
+        caps=LengthCaps(args.max_prompt_tokens, args.max_output_tokens),
+        limits=Limits(first_token_s=args.first_token_timeout, stall_s=args.stall_timeout,
+                      total_s=args.request_timeout),
+        model=args.model,
+        devices=args.devices,
+        profile=args.profile,
+        profile_quick=args.quick_profile,
+        url=args.url,
+        serve_cpus=args.serve_cpus,
+        tokenizer=args.tokenizer,
+        sim_policies=[x.strip() for x in args.sim_policy.split(",") if x.strip()],
+        window_s=args.window,
+        iteration_overhead_ms=args.iteration_overhead_ms,
+        cooldown_s=args.cooldown,
+        probe_per_tier=args.probe,
+        calibrate=not args.no_calibrate,
+        plots=not args.no_plots,
+        progress=not args.no_progress,
+        command_line=["tiertp", *sys.argv[1:]],  # `python -m tiertp.cli ...` is the same command
+    )
+    report = run_fidelity(cfg)
+    print("wrote " + ", ".join(str(f) for f in report.files))
+    if report.doc["aborted"]:
+        print(f"tiertp fidelity: aborted: {report.doc['aborted']}", file=sys.stderr)
+        return 1
+    interrupted = any(load["live"]["interrupted"] for load in report.doc["loads"])
+    return 130 if interrupted else 0

@@ -1,0 +1,251 @@
+"""`tiertp fidelity` end to end: profile the engine, simulate the trace with
+that profile on the live cluster's shape, replay the same trace live, and
+compare.
+
+What keeps the comparison apples to apples:
+- the same requests: one Load per level (same traces, tier rule, seed, rate
+  scaling, window and length caps; tiertp.replay.live.driver.capped_loads)
+  goes to the simulator and to the live client;
+- the same SLOs: one tier file, given to `tiertp serve` and the simulator;
+- the same cluster: GPUs = the server's devices, all on one node (one agent);
+  TP levels and KV slots per device = the live worker's (sim_profile.py);
+  the control window = the gateway's;
+- the same engine: the profile is measured by `tiertp profile` on this
+  machine before the server starts (or given with --profile).
+What still differs is reported with the numbers (docs/fidelity.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from tiertp.fidelity.compare import compare, table
+from tiertp.fidelity.defaults import GATEWAY_WINDOW_S, TIERS_CPU_TWO_TIER
+from tiertp.fidelity import provenance
+from tiertp.fidelity.probe import probe, probe_table
+from tiertp.fidelity.serve_process import ServeProcess
+from tiertp.fidelity.sim_profile import write_sim_profile
+from tiertp.replay.driver import GOODPUT_DEFINITION, write_plots
+from tiertp.replay.driver import ReplayConfig as _PlotConfig
+from tiertp.replay.live.caps import LengthCaps
+from tiertp.replay.live.limits import Limits
+from tiertp.replay.live.driver import LIVE_GOODPUT_NOTE, LiveSession, capped_loads
+from tiertp.replay.live.outcome import LIVE, write_requests_csv
+from tiertp.replay.metrics import TierSlo
+from tiertp.replay.policies import label
+from tiertp.replay.report import _clean, write_csv, write_json
+from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.sweep import LoadResult, PolicyAtLoad
+from tiertp.replay.workload import TierRule
+from tiertp.worker.config import AgentConfig
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass
+class FidelityConfig:
+    traces: list[str]
+    rps: list[float]
+    duration_s: float
+    out: Path
+    tiers_path: Path = TIERS_CPU_TWO_TIER
+    tier_rule: TierRule = field(default_factory=TierRule)
+    seed: int = 0
+    caps: LengthCaps = field(default_factory=LengthCaps)
+    limits: Limits = field(default_factory=Limits)
+    model: str = "smollm2-135m"
+    devices: int = 2
+    profile: Path | None = None  # None: measure it with `tiertp profile`
+    profile_quick: bool = False
+    url: str | None = None  # None: start `tiertp serve`
+    serve_cpus: list[int] | None = None  # cores the started server may use (None: all)
+    tokenizer: str | None = None  # prompts' tokenizer; default: `model` (started server) or the served name
+    sim_policies: list[str] = field(default_factory=lambda: ["tiertp"])
+    window_s: float = GATEWAY_WINDOW_S
+    iteration_overhead_ms: float = 0.0
+    cooldown_s: float = 5.0
+    probe_per_tier: int = 2  # unloaded probe requests per tier (0: none)
+    calibrate: bool = True  # also simulate with the profile scaled by the probe's measured/predicted TPOT
+    plots: bool = True
+    progress: bool = True
+    command_line: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FidelityReport:
+    doc: dict
+    text: str
+    files: list[Path]
+
+
+# Suffix of the calibrated prediction's name in the reports.
+CALIBRATED = "-calibrated"
+CALIBRATION_RULE = ("scale = median over tiers of the unloaded probe's measured / predicted TPOT: the live "
+                    "engine's per-iteration speed relative to the profile, on this host, at this time")
+
+
+def calibration_scale(unloaded: dict) -> float | None:
+    """CALIBRATION_RULE; None when the probe measured no TPOT."""
+    ratios = [t["ratio"]["tpot_ms"] for t in unloaded["tiers"].values() if t["ratio"]["tpot_ms"]]
+    return float(np.median(ratios)) if ratios else None
+
+
+def measure_profile(model: str, out: Path, quick: bool, progress: bool) -> Path:
+    """Run `tiertp profile` for TP levels the live workers serve."""
+    levels = ",".join(str(t) for t in AgentConfig().tp_levels)
+    cmd = [sys.executable, "-m", "tiertp.cli", "profile", "--model", model, "--tp", levels, "--out", str(out)]
+    cmd += ["--quick"] if quick else []
+    cmd += [] if progress else ["--no-progress"]
+    log.info("profiling the engine: %s", " ".join(cmd))
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
+    """Profile (unless given), serve (unless --url), probe, then simulate and
+    replay every load; write fidelity.json and the replay report. A server
+    that dies ends the run early: what was measured is still written, with
+    `aborted` saying why."""
+    from tiertp import _scheduler
+
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    tiers = _scheduler.TierSet.load(str(cfg.tiers_path))
+    slos = TierSlo.from_tierset(tiers)
+    workload, loads = capped_loads(cfg, list(tiers.names))
+    unknown = [p for p in cfg.sim_policies if p not in _scheduler.SIM_POLICIES]
+    if unknown or not cfg.sim_policies:
+        raise ValueError(f"unknown simulator policy {unknown}; valid: {', '.join(_scheduler.SIM_POLICIES)}")
+    measured_profile = cfg.profile or measure_profile(cfg.model, cfg.out / "profile-measured.json",
+                                                      cfg.profile_quick, cfg.progress)
+    agent = AgentConfig()
+    profile = write_sim_profile(measured_profile, cfg.out / "profile-sim.json", agent.max_total_tokens,
+                                list(agent.tp_levels), cfg.iteration_overhead_ms)
+    serve = None
+    run = _Run()
+    try:
+        if cfg.url is None:
+            serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus)
+        session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
+                              seed=cfg.seed, tokenizer=cfg.tokenizer or (cfg.model if serve else None))
+        gpus = session.info.gpus or cfg.devices
+        ctx = SimContext(_scheduler.simulate, profile, tiers, gpus, gpus_per_node=gpus, window_s=cfg.window_s,
+                         seed=cfg.seed)
+        if cfg.probe_per_tier:
+            first = loads[0][0].trace
+            run.unloaded = probe(session, ctx, cfg.sim_policies[0], int(np.median(first.prompt_tokens)),
+                                 int(np.median(first.output_tokens)), cfg.probe_per_tier, cfg.limits)
+            run.say(probe_table(run.unloaded))
+            scale = calibration_scale(run.unloaded) if cfg.calibrate else None
+            if scale is not None:
+                run.calibration = {"scale": scale, "rule": CALIBRATION_RULE,
+                                   "profile": str(cfg.out / "profile-sim-calibrated.json")}
+                calibrated = write_sim_profile(measured_profile, cfg.out / "profile-sim-calibrated.json",
+                                               agent.max_total_tokens, list(agent.tp_levels),
+                                               cfg.iteration_overhead_ms, scale)
+                run.calibrated_ctx = replace(ctx, profile=calibrated)
+                run.say(f"calibrated prediction: every profile cell x{scale:.2f} ({CALIBRATION_RULE})")
+        for i, (load, caps) in enumerate(loads):
+            if i and cfg.cooldown_s:
+                time.sleep(cfg.cooldown_s)  # the gateway's arrival memory of the last load fades a little
+            _one_load(cfg, run, ctx, session, load, caps, slos)
+            if serve is not None and not serve.alive():
+                run.aborted = f"tiertp serve exited (code {serve.popen.returncode}); see {serve.output_path}"
+                log.error("%s; the remaining loads are not replayed", run.aborted)
+            if run.aborted or run.per_load[-1]["live"]["interrupted"]:
+                break
+    finally:
+        if serve is not None:
+            serve.stop()
+
+    config = _config_doc(cfg, session, gpus, agent, measured_profile, tiers, workload)
+    config["policies"] = list(run.results[0].policies) if run.results else config["policies"]
+    doc = _clean({**config, "aborted": run.aborted, "unloaded_probe": run.unloaded, "calibration": run.calibration,
+                  "loads": run.per_load})
+    files = [cfg.out / "fidelity.json", cfg.out / "report.json", cfg.out / "report.csv", *run.files]
+    files[0].write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    write_json(files[1], config, run.results)
+    write_csv(files[2], run.results)
+    if cfg.plots and run.results:
+        plot_cfg = _PlotConfig(traces=cfg.traces, tiers_path=cfg.tiers_path, profile=profile, gpus=gpus, out=cfg.out)
+        files += write_plots(plot_cfg, run.results, slos, workload.source)
+    return FidelityReport(doc, "\n\n".join(run.texts), files)
+
+
+@dataclass
+class _Run:
+    """What a fidelity run has gathered so far."""
+
+    results: list[LoadResult] = field(default_factory=list)
+    per_load: list[dict] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    unloaded: dict | None = None
+    calibration: dict | None = None
+    calibrated_ctx: SimContext | None = None
+    aborted: str | None = None
+
+    def say(self, text: str) -> None:
+        self.texts.append(text)
+        print(text, flush=True)
+
+
+def _one_load(cfg: FidelityConfig, run: _Run, ctx: SimContext, session: LiveSession, load, caps: dict,
+              slos: list[TierSlo]) -> None:
+    """Simulate, then replay live, one load; compare and record."""
+    sims = {p: run_once(ctx, load, p, {}) for p in cfg.sim_policies}
+    if run.calibrated_ctx is not None:
+        primary = cfg.sim_policies[0]
+        sims[primary + CALIBRATED] = run_once(run.calibrated_ctx, load, primary, {})
+    live = session.run(load, slos, cfg.limits, {"length_caps": caps}, cfg.progress)
+    run.files.append(cfg.out / f"requests-{load.offered_rps:.1f}rps.csv")
+    write_requests_csv(run.files[-1], live.records)
+    policies = {p: PolicyAtLoad(o, {label(o.settings): o.metrics.goodput_rps}) for p, o in sims.items()}
+    policies[LIVE] = PolicyAtLoad(live, {"default": live.metrics.goodput_rps})
+    run.results.append(LoadResult(load, policies))
+    comparisons = {p: compare(o.metrics, live.metrics) for p, o in sims.items()}
+    run.per_load.append({"rps": load.rps, "offered_rps": load.offered_rps, "window_s": load.window_s,
+                         "requests": len(load.trace), "length_caps": caps, "comparison": comparisons,
+                         "live": live.live})
+    head = (f"{load.offered_rps:.2f} req/s offered, {len(load.trace)} requests over {load.window_s:g} s: "
+            f"{live.live['completed']} completed, {live.live['failed']} failed live")
+    for p in sims:
+        run.say(f"{head}\nsimulated {p} vs measured (predicted/measured (relative error)):\n{table(comparisons[p])}")
+
+
+def _config_doc(cfg: FidelityConfig, session: LiveSession, gpus: int, agent: AgentConfig, measured_profile: Path,
+                tiers, workload) -> dict:
+    """The configuration block of fidelity.json and report.json."""
+    return {
+        "command": "tiertp fidelity",
+        "command_line": cfg.command_line,
+        "provenance": provenance.describe(),
+        "url": session.info.base, "model": session.info.model, "devices": gpus,
+        "served_by": "tiertp serve started by this run" if cfg.url is None else "a running server (--url)",
+        "serve_cpus": cfg.serve_cpus,
+        "traces": cfg.traces,
+        "tier_rule": {"tier_map": cfg.tier_rule.tier_map, "fractions": cfg.tier_rule.fractions},
+        "tiers_file": str(cfg.tiers_path),
+        "tiers": [{k: v for k, v in t.items() if k != "api_keys"} for t in tiers.to_list()],
+        "duration_s": cfg.duration_s, "rps": cfg.rps, "seed": cfg.seed,
+        "length_caps": {"max_prompt_tokens": cfg.caps.max_prompt_tokens,
+                        "max_output_tokens": cfg.caps.max_output_tokens},
+        "client_limits_s": vars(cfg.limits),
+        "profile_measured": str(measured_profile),
+        "profile_sim": str(cfg.out / "profile-sim.json"),
+        "simulator": {"policies": cfg.sim_policies, "gpus": gpus, "gpus_per_node": gpus, "window_s": cfg.window_s,
+                      "kv_capacity_tokens_per_device": agent.max_total_tokens, "tp_levels": list(agent.tp_levels),
+                      "iteration_overhead_ms": cfg.iteration_overhead_ms},
+        "policies": [*cfg.sim_policies, LIVE],
+        "goodput": f"{GOODPUT_DEFINITION}; {LIVE_GOODPUT_NOTE}",
+        "relative_error": "(predicted - measured) / measured",
+        "workload": workload.summary(),
+    }

@@ -1,0 +1,72 @@
+"""The unloaded probe: a few requests sent one at a time (nothing else in
+the system), measured live and simulated alone. It separates the engine
+model's error (profile vs the serving engine, per iteration) from the
+scheduling and queueing the loaded runs add."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import aiohttp
+import numpy as np
+
+from tiertp.replay.live.client import request_body, send_one
+from tiertp.replay.live.limits import Limits
+from tiertp.replay.live.records import RequestRecord
+from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.workload import Load
+from tiertp.traces import make_trace
+
+
+async def _send_sequentially(session_info, keys, prompts, specs, limits: Limits) -> list[RequestRecord]:
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    records = []
+    async with aiohttp.ClientSession() as http:
+        for i, (tier, p, o) in enumerate(specs):
+            r = RequestRecord(i, tier, p, o, loop.time() - t0)
+            body = request_body(session_info.model, prompts.ids(1_000_000 + i, p), o)
+            await send_one(http, session_info.completions_url, keys[tier], body, r, limits,
+                           lambda: loop.time() - t0)
+            records.append(r)
+    return records
+
+
+def probe(session, ctx: SimContext, policy: str, prompt_tokens: int, output_tokens: int, per_tier: int,
+          limits: Limits) -> dict:
+    """`per_tier` requests of each tier, one at a time, of the given lengths:
+    per tier the median measured TTFT/TPOT and the simulator's for the same
+    request alone."""
+    names = session.tier_names
+    specs = [(t, prompt_tokens, output_tokens) for _ in range(per_tier) for t in names]
+    records = asyncio.run(_send_sequentially(session.info, session.keys, session.prompts, specs, limits))
+    out = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "requests_per_tier": per_tier,
+           "policy": policy, "tiers": {}}
+    for k, name in enumerate(names):
+        trace = make_trace("probe", [0.0], [prompt_tokens], [output_tokens], tier=[k], tier_names=names)
+        sim = run_once(ctx, Load(None, trace, 1.0), policy, {})
+        done = [r for r in records if r.tier == name and r.status == "completed"]
+        failed = [r.failure.message for r in records if r.tier == name and r.failure is not None]
+        measured = {m: statistics.median(getattr(r, m) for r in done) if done else None for m in ("ttft_ms", "tpot_ms")}
+        out["tiers"][name] = {
+            "predicted": {"ttft_ms": float(sim.ttft_ms[0]), "tpot_ms": float(sim.tpot_ms[0])},
+            "measured": measured,
+            "ratio": {m: (measured[m] / float(getattr(sim, m)[0]) if measured[m] and np.isfinite(getattr(sim, m)[0])
+                          and getattr(sim, m)[0] > 0 else None) for m in ("ttft_ms", "tpot_ms")},
+            "failed": failed,
+        }
+    return out
+
+
+def probe_table(result: dict) -> str:
+    lines = [f"unloaded probe ({result['requests_per_tier']} request(s) per tier, one at a time, "
+             f"{result['prompt_tokens']} prompt / {result['output_tokens']} output tokens), predicted/measured:"]
+    for name, t in result["tiers"].items():
+        cells = []
+        for m in ("ttft_ms", "tpot_ms"):
+            p, v, ratio = t["predicted"][m], t["measured"][m], t["ratio"][m]
+            cells.append(f"{m[:4].upper()} {p:.0f}/{'-' if v is None else f'{v:.0f}'} ms"
+                         + ("" if ratio is None else f" (x{ratio:.2f})"))
+        lines.append(f"  {name}: " + ", ".join(cells) + (f"; {len(t['failed'])} failed" if t["failed"] else ""))
+    return "\n".join(lines)
