@@ -9,4 +9,5 @@ BENCHES = {
     "kv-migration": "tiertp.bench.kv_migration",
     "replay": "tiertp.bench.replay",
     "gateway": "tiertp.bench.gateway",
+    "switch": "tiertp.bench.switch",
 }
