@@ -69,6 +69,10 @@ def test_threads_bind_one_group_per_rank():
     # one core per rank (a core standing in for a device)
     assert sglang_compat.cpu_threads_bind(1, [0, 1], cores_per_rank=1) == "0"
     assert sglang_compat.cpu_threads_bind(2, [0, 1, 2, 3], cores_per_rank=2) == "0,1|2,3"
+    # pinned by device: the TP1 instance of device 1 and rank 1 of a TP2 group use device 1's cores
+    assert sglang_compat.cpu_threads_bind(1, [0, 1], cores_per_rank=1, devices=(1,)) == "1"
+    assert sglang_compat.cpu_threads_bind(2, [0, 1, 2, 3], cores_per_rank=2, devices=(2, 3)) == "0,1|2,3"
+    assert sglang_compat.cpu_threads_bind(1, [0, 1, 2, 3], cores_per_rank=2, devices=(1,)) == "2,3"
     with pytest.raises(ValueError):
         sglang_compat.cpu_threads_bind(0, [0, 1])
 

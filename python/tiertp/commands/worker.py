@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-total-tokens", type=int, default=_DEFAULTS.max_total_tokens,
                    help="KV slots per execution process")
     p.add_argument("--batch-cap", type=int, default=_DEFAULTS.batch_cap, help="requests per iteration until a plan")
+    p.add_argument("--cores-per-device", type=int, default=None,
+                   help="CPU cores each logical device owns, device d on core group d "
+                        "(default: the machine's cores split over the devices)")
     p.add_argument("--log-dir", type=Path, default=None, help="execution process logs (default: a temp dir)")
     p.set_defaults(func=run)
 
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     # Fail here, naming the valid models, rather than in every execution process start.
     resolve_model(args.model)
     cfg = AgentConfig(model=args.model, bind=args.bind, devices=args.devices, tp_levels=args.tp_levels,
-                      max_total_tokens=args.max_total_tokens, batch_cap=args.batch_cap, log_dir=args.log_dir)
+                      max_total_tokens=args.max_total_tokens, batch_cap=args.batch_cap, log_dir=args.log_dir,
+                      cores_per_device=args.cores_per_device)
     serve(cfg)
     return 0

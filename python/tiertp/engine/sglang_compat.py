@@ -58,12 +58,17 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_threads_bind(tp_size: int, cores: list[int] | None = None, cores_per_rank: int | None = None) -> str:
+def cpu_threads_bind(tp_size: int, cores: list[int] | None = None, cores_per_rank: int | None = None,
+                     devices: tuple[int, ...] | None = None) -> str:
     """The SGLANG_CPU_OMP_THREADS_BIND value: one core group per TP rank.
 
     By default the cores are split evenly over the ranks; `cores_per_rank`
     fixes the group size instead (1: one core stands in for one device). With
     more ranks than cores, ranks share cores round-robin (see `oversubscribed`).
+    `devices` (rank r runs on logical device devices[r]) pins by device
+    instead of by rank: device d owns core group d, whichever instance runs
+    on it, so two instances on different devices never share cores (and the
+    TP levels of one device use that device's cores).
     """
     if tp_size < 1:
         raise ValueError(f"TP size must be >= 1, got {tp_size}")
@@ -72,7 +77,12 @@ def cpu_threads_bind(tp_size: int, cores: list[int] | None = None, cores_per_ran
     if cores is None:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(cpu_count()))
     per = cores_per_rank or max(1, len(cores) // tp_size)
-    if tp_size * per > len(cores):
+    if devices is not None:
+        if len(devices) != tp_size:
+            raise ValueError(f"TP size {tp_size} needs {tp_size} device ids, got {list(devices)}")
+        per = min(per, len(cores))
+        groups = [[cores[(d * per + i) % len(cores)] for i in range(per)] for d in devices]
+    elif tp_size * per > len(cores):
         per = min(per, len(cores))
         groups = [[cores[(r * per + i) % len(cores)] for i in range(per)] for r in range(tp_size)]
     else:
@@ -90,7 +100,8 @@ def oversubscribed(tp_size: int) -> bool:
     return tp_size > cpu_count()
 
 
-def process_env(device: str, tp_size: int, cores_per_rank: int | None = None) -> dict[str, str]:
+def process_env(device: str, tp_size: int, cores_per_rank: int | None = None,
+                devices: tuple[int, ...] | None = None) -> dict[str, str]:
     """Environment variables an engine process (and its children) needs."""
     check_device(device)
     if device != "cpu":
@@ -98,21 +109,22 @@ def process_env(device: str, tp_size: int, cores_per_rank: int | None = None) ->
     return {
         "SGLANG_USE_CPU_ENGINE": "1",
         "TORCHDYNAMO_DISABLE": "1",
-        "SGLANG_CPU_OMP_THREADS_BIND": cpu_threads_bind(tp_size, cores_per_rank=cores_per_rank),
+        "SGLANG_CPU_OMP_THREADS_BIND": cpu_threads_bind(tp_size, cores_per_rank=cores_per_rank, devices=devices),
         "OMP_NUM_THREADS": str(threads_per_rank(tp_size, cores_per_rank)),
         "SGLANG_NCCL_SO_PATH": _NO_NCCL,
         "PYTHONPATH": os.pathsep.join(p for p in (str(STUB_DIR), os.environ.get("PYTHONPATH", "")) if p),
     }
 
 
-def apply(device: str, tp_size: int, cores_per_rank: int | None = None) -> None:
+def apply(device: str, tp_size: int, cores_per_rank: int | None = None,
+          devices: tuple[int, ...] | None = None) -> None:
     """Prepare this process to create an SGLang engine on `device` at `tp_size`.
 
     Must run before the first `import sglang`. Sets the environment (inherited
     by SGLang's spawned processes) and, on CPU, puts the sgl_kernel stand-in
     on sys.path.
     """
-    env = process_env(device, tp_size, cores_per_rank)
+    env = process_env(device, tp_size, cores_per_rank, devices)
     os.environ.update(env)
     if device == "cpu":
         if "sglang" in sys.modules:

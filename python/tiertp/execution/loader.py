@@ -38,7 +38,10 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
     """
     if spec.device == "cuda":
         sglang_compat.check_cuda_available()
-    sglang_compat.apply(spec.device, spec.tp, spec.cores_per_rank)
+    # With a fixed core count per rank, pin by device: instances on different
+    # devices never share cores (tiertp.engine.sglang_compat.cpu_threads_bind).
+    sglang_compat.apply(spec.device, spec.tp, spec.cores_per_rank,
+                        spec.devices if spec.cores_per_rank else None)
     from sglang.benchmark import one_batch
     from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
     from sglang.srt.server_args import ServerArgs

@@ -21,9 +21,10 @@ from tiertp.worker.runner import ModelLimits, RunnerDied, StepInput, StepOutput,
 
 class InstanceStepRunner(StepRunner):
     def __init__(self, model: str, group: TpGroup, max_total_tokens: int, extra_server_args: dict | None = None,
-                 prefill_chunk_tokens: int | None = None):
+                 prefill_chunk_tokens: int | None = None, cores_per_rank: int | None = None):
         self.spec = InstanceSpec(model=model, tp=group.tp, devices=tuple(group.devices),
                                  max_total_tokens=max_total_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
+                                 cores_per_rank=cores_per_rank,
                                  extra_server_args=dict(extra_server_args or {}))
         self.instance: TpInstance | None = None
         self._held: set[int] = set()  # requests the instance holds, released ones excluded

@@ -133,7 +133,8 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
     run = _Run()
     try:
         if cfg.url is None:
-            serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus)
+            serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus,
+                                 profile=profile, window_s=cfg.window_s)
         session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
                               seed=cfg.seed, tokenizer=cfg.tokenizer or (cfg.model if serve else None))
         gpus = session.info.gpus or cfg.devices

@@ -24,15 +24,21 @@ class ServeProcess:
     """A running `tiertp serve --devices N --model M --tiers T --port 0`."""
 
     def __init__(self, model: str, devices: int, tiers_path: Path, log_dir: Path, ready_timeout_s: float = 600.0,
-                 cpus: list[int] | None = None):
+                 cpus: list[int] | None = None, profile: Path | None = None, window_s: float | None = None):
         """`cpus`: run serve and everything it starts on these cores only (the
-        engines size their thread pools from this affinity mask)."""
+        engines size their thread pools from this affinity mask). `profile` /
+        `window_s`: what the gateway plans with — the simulator's, so both sides
+        run the same planner on the same inputs."""
         self.log_dir = log_dir
         self.ready_timeout_s = ready_timeout_s
         log_dir.mkdir(parents=True, exist_ok=True)
         self.cmd = [sys.executable, "-m", "tiertp.cli", "serve", "--model", model, "--devices", str(devices),
                     "--tiers", str(tiers_path), "--port", "0", "--log-dir", str(log_dir / "engines"),
                     "--ready-timeout", str(ready_timeout_s)]
+        if profile is not None:
+            self.cmd += ["--profile", str(profile)]
+        if window_s is not None:
+            self.cmd += ["--window", str(window_s)]
         self.output_path = log_dir / "serve.log"
         self._out = open(self.output_path, "w")
         log.info("starting: %s%s", " ".join(self.cmd), f" on cores {cpus}" if cpus else "")

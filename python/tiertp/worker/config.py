@@ -33,6 +33,9 @@ class AgentConfig:
     start_timeout_s: float = 300.0  # a process not ready after this long is killed and restarted
     max_start_failures: int = 3  # consecutive failed starts before held requests are failed
     log_dir: Path | None = None  # execution process logs; a temporary directory if None
+    # Cores each logical device owns (CPU): device d runs on core group d, so
+    # devices never share cores. None: the machine's cores split over the devices.
+    cores_per_device: int | None = None
     extra_engine_args: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -47,12 +50,19 @@ class AgentConfig:
         if max(self.tp_levels) > self.devices:
             raise ValueError(f"--tp-levels {max(self.tp_levels)} needs at least that many devices; "
                              f"--devices is {self.devices}")
+        if self.cores_per_device is not None and self.cores_per_device < 1:
+            raise ValueError(f"--cores-per-device must be >= 1, got {self.cores_per_device}")
         if self.batch_cap < 1:
             raise ValueError(f"batch cap must be >= 1, got {self.batch_cap}")
         if self.max_total_tokens < 16:
             raise ValueError(f"--max-total-tokens must be >= 16, got {self.max_total_tokens}")
         if not self.bind.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"--bind must be a ZeroMQ endpoint (tcp://host:port or ipc://path), got {self.bind!r}")
+
+    def resolved_cores_per_device(self) -> int:
+        from tiertp.engine.sglang_compat import cpu_count
+
+        return self.cores_per_device or max(1, cpu_count() // self.devices)
 
     def resolved_log_dir(self) -> Path:
         return self.log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"tiertp-worker-{os.getpid()}"

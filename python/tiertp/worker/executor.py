@@ -67,6 +67,11 @@ class _Req:
     stop_token_ids: tuple[int, ...]
     output: list[int] = field(default_factory=list)
 
+    @property
+    def kv_reserved(self) -> int:
+        """KV tokens this request may hold by its end (prompt + max_tokens)."""
+        return len(self.input_ids) + self.max_tokens
+
     def step_input(self) -> StepInput:
         return StepInput(self.rid, self.input_ids + self.output, len(self.output), self.temperature,
                          self.top_p, self.seed, self.stop_token_ids)
@@ -75,8 +80,13 @@ class _Req:
 class ExecutionLoop:
     """The loop above, over a connected socket and a started runner."""
 
-    def __init__(self, sock: zmq.Socket, runner: StepRunner, batch_cap: int, token_cap: int):
+    def __init__(self, sock: zmq.Socket, runner: StepRunner, batch_cap: int, token_cap: int,
+                 kv_capacity_tokens: int | None = None):
         self.sock = sock
+        # Admission reserves each request's whole KV (prompt + max_tokens), so a
+        # running batch can never outgrow the pool mid-decode: the runner has no
+        # retraction, and a refused decode step would fail the whole batch.
+        self.kv_capacity = kv_capacity_tokens
         self.runner = runner
         self.policy = _scheduler.BatchPolicy(batch_cap, token_cap)
         self.waiting: dict[int, _Req] = {}
@@ -124,10 +134,21 @@ class ExecutionLoop:
                 timeout = 0
             if self.stop or os.getppid() != self.parent:  # agent gone: never outlive it
                 return
-            for rid in self.policy.next_batch(len(self.running)):
+            for rid in self._admit():
                 self.running[rid] = self.waiting.pop(rid)
             if self.running:
                 self._iterate()
+
+    def _admit(self) -> list[int]:
+        """The requests the batch policy adds this iteration, FCFS within the
+        KV left after the running requests' reservations. A request alone
+        always fits: the agent refuses any larger than max_request_tokens,
+        which is at most the pool."""
+        if self.kv_capacity is None:
+            return self.policy.next_batch(len(self.running))
+        left = self.kv_capacity - sum(r.kv_reserved for r in self.running.values())
+        return self.policy.next_batch_within(len(self.running), max(0, left),
+                                             {r.rid: r.kv_reserved for r in self.waiting.values()})
 
     def _iterate(self) -> None:
         batch = list(self.running.values())
@@ -207,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-cap", type=int, required=True)
     ap.add_argument("--token-cap", type=int, required=True)
     ap.add_argument("--engine-args", default="{}", help="JSON: more SGLang Engine/server keyword arguments")
+    ap.add_argument("--cores-per-device", type=int, default=None,
+                    help="CPU: cores each logical device owns (device d: core group d); default: all cores")
     ap.add_argument("--runner", choices=RUNNERS, default=os.environ.get("TIERTP_STEP_RUNNER") or DEFAULT_RUNNER,
                     help=f"step runner (default {DEFAULT_RUNNER}, or $TIERTP_STEP_RUNNER)")
     args = ap.parse_args(argv)
@@ -220,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     sock = ctx.socket(zmq.PAIR)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(args.endpoint)
-    runner = make_runner(args.runner, args.model, group, args.max_total_tokens, json.loads(args.engine_args))
+    runner = make_runner(args.runner, args.model, group, args.max_total_tokens, json.loads(args.engine_args),
+                         cores_per_device=args.cores_per_device)
     code = 0
     try:
         limits = runner.start()
@@ -231,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.send(P.encode({"type": "ready", "pid": os.getpid(), "vocab_size": limits.vocab_size,
                             "max_request_tokens": limits.max_request_tokens,
                             "kv_capacity_tokens": limits.kv_capacity_tokens}))
-        ExecutionLoop(sock, runner, args.batch_cap, args.token_cap).run()
+        ExecutionLoop(sock, runner, args.batch_cap, args.token_cap, limits.kv_capacity_tokens).run()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     except BaseException as e:

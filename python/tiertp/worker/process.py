@@ -66,7 +66,8 @@ class ExecProcess:
         cmd = [sys.executable, "-m", "tiertp.worker.executor", "--endpoint", self.endpoint, "--model", cfg.model,
                "--first-device", str(group.first), "--tp", str(group.tp),
                "--max-total-tokens", str(cfg.max_total_tokens), "--batch-cap", str(batch_cap),
-               "--token-cap", str(token_cap), "--engine-args", json.dumps(cfg.extra_engine_args)]
+               "--token-cap", str(token_cap), "--engine-args", json.dumps(cfg.extra_engine_args),
+               "--cores-per-device", str(cfg.resolved_cores_per_device())]
         with open(self.log_path, "ab") as logf:
             self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                           env=env, start_new_session=True)

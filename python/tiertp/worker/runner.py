@@ -154,13 +154,14 @@ DEFAULT_RUNNER = RUNNERS[0]
 
 
 def make_runner(name: str, model: str, group: TpGroup, max_total_tokens: int,
-                extra_args: dict | None = None) -> StepRunner:
+                extra_args: dict | None = None, cores_per_device: int | None = None) -> StepRunner:
     """The runner called `name` (one of RUNNERS); `extra_args` are more SGLang
-    server/engine keyword arguments."""
+    server/engine keyword arguments; `cores_per_device` pins each rank to its
+    device's cores (the instance runner; the Engine runner splits all cores)."""
     if name == "instance":
         from tiertp.execution.step_runner import InstanceStepRunner
 
-        return InstanceStepRunner(model, group, max_total_tokens, extra_args)
+        return InstanceStepRunner(model, group, max_total_tokens, extra_args, cores_per_rank=cores_per_device)
     if name == "engine":
         return EngineStepRunner(model, group, max_total_tokens, extra_args)
     raise ValueError(f"unknown step runner {name!r}; expected one of: {', '.join(RUNNERS)}")

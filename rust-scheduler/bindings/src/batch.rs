@@ -1,3 +1,5 @@
+use std::collections::HashMap;
+
 use pyo3::prelude::*;
 use tiertp_scheduler::batch_policy as core;
 use tiertp_scheduler::dispatcher::DispatchClass;
@@ -52,6 +54,23 @@ impl BatchPolicy {
     #[pyo3(signature = (running))]
     fn next_batch(&mut self, running: u32) -> Vec<u64> {
         self.inner.next_batch(running)
+    }
+
+    /// Like `next_batch`, within a KV budget: each admitted request uses
+    /// `kv_needs[request_id]` tokens of `kv_budget` (its `tokens` when not
+    /// listed); the first request that does not fit stops the fill (FCFS, no
+    /// overtaking) and keeps its place at the head of its queue.
+    #[pyo3(signature = (running, kv_budget, kv_needs))]
+    fn next_batch_within(&mut self, running: u32, kv_budget: u64, kv_needs: HashMap<u64, u64>) -> Vec<u64> {
+        let mut left = kv_budget;
+        self.inner.next_batch_where(running, |id, tokens| {
+            let need = kv_needs.get(&id).copied().unwrap_or(u64::from(tokens));
+            let fits = need <= left;
+            if fits {
+                left -= need;
+            }
+            fits
+        })
     }
 
     /// Waiting requests per queue: each dispatch class, then "late"

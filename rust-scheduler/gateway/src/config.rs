@@ -89,7 +89,7 @@ impl GatewayConfig {
             profile: None,
             workers,
             planner: PlannerConfig::default(),
-            window: Duration::from_secs(5),
+            window: Duration::from_secs(1),
             stats_timeout: Duration::from_secs(5),
             horizon: Duration::from_secs(10),
             memory: Duration::from_secs(30),

@@ -1,0 +1,42 @@
+"""The execution loop admits requests only within the KV pool.
+
+Each admitted request reserves prompt + max_tokens of KV, so a running
+batch can never outgrow the pool mid-decode (the runner has no retraction:
+a refused decode step would fail the whole batch). FCFS: a request that
+does not fit waits at the head, later ones do not overtake it.
+"""
+
+from tiertp import _scheduler
+from tiertp.worker.executor import ExecutionLoop
+
+
+def _add(loop: ExecutionLoop, rid: int, prompt: int, max_tokens: int) -> None:
+    loop._handle({"type": "add", "rid": rid, "input_ids": [1] * prompt, "max_tokens": max_tokens,
+                  "temperature": 0.0, "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible"})
+
+
+def test_admission_reserves_prompt_plus_max_tokens():
+    loop = ExecutionLoop(sock=None, runner=None, batch_cap=16, token_cap=0, kv_capacity_tokens=100)
+    for rid, (prompt, out) in enumerate([(30, 10), (20, 20), (30, 30), (5, 5)]):
+        _add(loop, rid, prompt, out)
+    first = loop._admit()
+    assert first == [0, 1]  # 40 + 40 reserved; request 2 (60) does not fit, 3 may not overtake it
+    for rid in first:
+        loop.running[rid] = loop.waiting.pop(rid)
+    assert loop._admit() == []
+    del loop.running[0]  # request 0 finished: 60 free
+    admitted = loop._admit()
+    assert admitted == [2]
+    for rid in admitted:
+        loop.running[rid] = loop.waiting.pop(rid)
+    assert loop._admit() == []  # 40 + 60 = 100 reserved
+    del loop.running[1]
+    assert loop._admit() == [3]
+
+
+def test_batch_policy_next_batch_within_keeps_the_refused_request_first():
+    b = _scheduler.BatchPolicy(8, 0)
+    for i in range(4):
+        b.enqueue(i, "feasible", 10)
+    assert b.next_batch_within(0, 25, {0: 10, 1: 10, 2: 10}) == [0, 1]
+    assert b.next_batch_within(2, 100, {}) == [2, 3]  # unlisted: its prompt tokens
