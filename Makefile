@@ -31,6 +31,7 @@ bench: setup  ## All benchmarks, one JSON object each on stdout
 	$(BIN)/tiertp bench replay --json
 	$(BIN)/tiertp bench kv-migration --json
 	$(BIN)/tiertp bench gateway --json
+	$(BIN)/tiertp bench switch --json
 
 lint:  ## Clippy with warnings as errors, and rustfmt
 	cargo clippy --workspace --all-targets --release -- -D warnings
