@@ -18,7 +18,8 @@ def _run(*extra):
     parser = argparse.ArgumentParser()
     kv_migration.add_arguments(parser)
     # 64 tokens = 4 pages (all sent per page), 100 tokens = 7 pages (a 5-page sample, scaled).
-    args = parser.parse_args(["--tokens", "64,100", "--layers", "2", "--kv-heads", "2", "--head-dim", "8",
+    args = parser.parse_args(["--tokens", "64,100", "--page-size", "16", "--layers", "2", "--kv-heads", "2",
+                              "--head-dim", "8",
                               "--chunk-mib", "0.001", "--timeout", "120", "--per-page-sample", "5", "--repeat", "2",
                               *extra])
     return kv_migration.run(args)
