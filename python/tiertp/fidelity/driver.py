@@ -127,14 +127,15 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
     measured_profile = cfg.profile or measure_profile(cfg.model, cfg.out / "profile-measured.json",
                                                       cfg.profile_quick, cfg.progress)
     agent = AgentConfig()
-    profile = write_sim_profile(measured_profile, cfg.out / "profile-sim.json", agent.max_total_tokens,
+    sim_profile_path = cfg.out / "profile-sim.json"
+    profile = write_sim_profile(measured_profile, sim_profile_path, agent.max_total_tokens,
                                 list(agent.tp_levels), cfg.iteration_overhead_ms)
     serve = None
     run = _Run()
     try:
         if cfg.url is None:
             serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus,
-                                 profile=profile, window_s=cfg.window_s)
+                                 profile=sim_profile_path, window_s=cfg.window_s)
         session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
                               seed=cfg.seed, tokenizer=cfg.tokenizer or (cfg.model if serve else None))
         gpus = session.info.gpus or cfg.devices
