@@ -129,6 +129,11 @@ class TpInstance:
         self.close()
 
     @property
+    def closed(self) -> bool:
+        """True once `close` ran or a rank failure closed the instance."""
+        return self._closed
+
+    @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 

@@ -242,8 +242,8 @@ def _check(sources: list[Source], dest: TpInstance) -> None:
 
 
 def _is_closed(inst: TpInstance) -> bool:
-    # TpInstance has no public "closed" yet; an instance closes itself when a rank fails.
-    return bool(getattr(inst, "_closed", False))
+    # An instance closes itself when a rank fails.
+    return inst.closed
 
 
 def _model_key(inst: TpInstance) -> tuple:
