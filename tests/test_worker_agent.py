@@ -12,110 +12,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import msgspec
 import psutil
 import pytest
 import zmq
+from agent_harness import MAX_TOKENS, AgentProcess, Client, _submit, stop_agent
 
-from tiertp.engine.isolated import kill_group, run_isolated
+from tiertp.engine.isolated import run_isolated
 
 MODEL = "tiny-llama"
-# Long enough for an engine start on a loaded 2-core machine; a guard against
-# hangs, not a timing assertion.
-RECV_TIMEOUT_S = 240
 PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 20]
-MAX_TOKENS = 12
-
-
-def _sampling(max_tokens: int = MAX_TOKENS, **over) -> dict:
-    return {"max_tokens": max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop_token_ids": [], **over}
-
-
-def _submit(rid: int, input_ids: list[int], max_tokens: int = MAX_TOKENS, **over) -> dict:
-    return {"type": "submit", "id": rid, "tier": "chat", "input_ids": input_ids, "sampling": _sampling(max_tokens),
-            "class": "feasible", **over}
-
-
-class Client:
-    """A DEALER client; `recv` fails the test (with the agent's log) instead of hanging."""
-
-    def __init__(self, ctx: zmq.Context, endpoint: str, agent: "AgentProcess"):
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.agent = agent
-
-    def send(self, msg: dict) -> None:
-        self.sock.send(msgspec.msgpack.encode(msg))
-
-    def send_raw(self, *frames: bytes) -> None:
-        self.sock.send_multipart(list(frames))
-
-    def recv(self) -> dict:
-        if not self.sock.poll(RECV_TIMEOUT_S * 1000):
-            pytest.fail(f"no message from the agent in {RECV_TIMEOUT_S} s\n{self.agent.log_tail()}")
-        return msgspec.msgpack.decode(self.sock.recv())
-
-    def request(self, msg: dict) -> dict:
-        self.send(msg)
-        return self.recv()
-
-    def barrier(self) -> list[dict]:
-        """Everything the agent sent this client before answering a ping."""
-        self.send({"type": "ping"})
-        seen = []
-        while (m := self.recv())["type"] != "pong":
-            seen.append(m)
-        return seen
-
-    def run_to_end(self, ids: set[int]) -> tuple[dict[int, list[dict]], dict[int, dict]]:
-        """Token items per id and each id's terminal message (a finished item or an error)."""
-        items: dict[int, list[dict]] = {i: [] for i in ids}
-        terminal: dict[int, dict] = {}
-        while set(terminal) != ids:
-            m = self.recv()
-            if m["type"] == "tokens":
-                for it in m["items"]:
-                    assert it["id"] in ids and it["id"] not in terminal, f"item after the end: {it}"
-                    items[it["id"]].append(it)
-                    if it["finished"]:
-                        terminal[it["id"]] = {"type": "tokens", **it}
-            elif m["type"] == "error" and m["id"] in ids:
-                assert m["id"] not in terminal, f"second terminal message: {m}"
-                terminal[m["id"]] = m
-            else:
-                pytest.fail(f"unexpected message {m}")
-        # Nothing more may come for these ids.
-        late = [m for m in self.barrier() if m.get("id") in ids or any(
-            it["id"] in ids for it in m.get("items", []))]
-        assert not late, late
-        return items, terminal
-
-
-class AgentProcess:
-    def __init__(self, tmp: Path):
-        self.endpoint = f"ipc://{tmp}/agent.sock"
-        self.log_path = tmp / "agent.log"
-        with open(self.log_path, "wb") as log:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "tiertp.cli", "worker", "--bind", self.endpoint, "--model", MODEL,
-                 "--devices", "1", "--log-dir", str(tmp / "logs")],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.log_dir = tmp / "logs"
-
-    def executors(self) -> list[psutil.Process]:
-        return [p for p in psutil.Process(self.popen.pid).children()
-                if "tiertp.worker.executor" in " ".join(p.cmdline())]
-
-    def log_tail(self) -> str:
-        text = self.log_path.read_text(errors="replace")[-3000:]
-        for f in sorted(self.log_dir.glob("*.log")):
-            text += f"\n--- {f.name} ---\n" + f.read_text(errors="replace")[-2000:]
-        return text
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +37,9 @@ def reference():
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory, reference):
-    proc = AgentProcess(tmp_path_factory.mktemp("agent"))
+    proc = AgentProcess(tmp_path_factory.mktemp("agent"), MODEL, devices=1)
     yield proc
-    if proc.popen.poll() is None:
-        proc.popen.send_signal(signal.SIGTERM)
-        try:
-            proc.popen.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    kill_group(proc.popen)  # whatever is left in its group
-    for p in list(psutil.process_iter(["cmdline"])):  # executors live in their own sessions
-        if str(proc.log_dir) in " ".join(p.info["cmdline"] or []):
-            p.kill()
+    stop_agent(proc)
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import pytest
 from tiertp.worker import protocol as P
 from tiertp.worker.groups import GroupError, TpGroup, aligned_groups
 from tiertp.worker.messages import parse_apply_plan, parse_submit
-from tiertp.worker.plan import TP_SWITCH_UNSUPPORTED, PlanRejected, check_plan, initial_assignments
+from tiertp.worker.layout_change import LayoutChange, layout_changes
+from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.requests import RequestTable
 
 
@@ -41,7 +42,6 @@ def test_aligned_groups_are_contiguous_power_of_two_sets():
     ([(0, "decode", "chat", (0, 8))], "unknown device"),
     ([(0, "decode", "chat", (0, 2)), (1, "prefill", "chat", (0, 2))], "different groups, roles or tiers"),
     ([(0, "decode", "chat", (0, 2))], "different groups, roles or tiers"),  # device 1 left at TP1
-    ([(0, "decode", "chat", (0, 2)), (1, "decode", "chat", (0, 2))], TP_SWITCH_UNSUPPORTED),
 ])
 def test_bad_plans_are_rejected_with_a_reason(devices, problem):
     current = initial_assignments(4, batch_cap=8, token_cap=0)
@@ -54,6 +54,30 @@ def test_tp_level_outside_the_agents_levels_is_rejected():
     current = initial_assignments(4, batch_cap=8, token_cap=0)
     with pytest.raises(PlanRejected, match="TP level 2 is not one this agent runs"):
         check_plan(_plan((0, "decode", "chat", (0, 2)), (1, "decode", "chat", (0, 2))), current, tp_levels=[1])
+
+
+def test_plan_changing_tp_groups_is_valid_and_names_the_new_groups():
+    current = initial_assignments(4, batch_cap=8, token_cap=0)
+    new = check_plan(_plan((0, "decode", "chat", (0, 2)), (1, "decode", "chat", (0, 2))), current, tp_levels=[1, 2])
+    assert new[0].tp_group == new[1].tp_group == TpGroup(0, 2)
+    assert new[2] == current[2] and new[3] == current[3]
+
+
+G = TpGroup
+
+
+@pytest.mark.parametrize("old, new, changes", [
+    ({G(0, 1), G(1, 1)}, {G(0, 2)}, [LayoutChange((G(0, 1), G(1, 1)), (G(0, 2),))]),  # merge
+    ({G(0, 2)}, {G(0, 1), G(1, 1)}, [LayoutChange((G(0, 2),), (G(0, 1), G(1, 1)))]),  # split
+    ({G(0, 4)}, {G(0, 2), G(2, 1), G(3, 1)}, [LayoutChange((G(0, 4),), (G(0, 2), G(2, 1), G(3, 1)))]),
+    # two independent parts: {0,1} splits while {2,3} merges
+    ({G(0, 2), G(2, 1), G(3, 1)}, {G(0, 1), G(1, 1), G(2, 2)},
+     [LayoutChange((G(0, 2),), (G(0, 1), G(1, 1))), LayoutChange((G(2, 1), G(3, 1)), (G(2, 2),))]),
+    ({G(0, 1), G(1, 1)}, {G(0, 1), G(1, 1)}, []),
+])
+def test_layout_changes_are_merges_and_splits_that_undo_by_reversal(old, new, changes):
+    assert layout_changes(old, new) == changes
+    assert layout_changes(new, old) == [c.reversed() for c in changes]
 
 
 def test_plan_without_tp_change_updates_roles_tiers_and_caps_only_of_listed_devices():
@@ -115,11 +139,11 @@ def test_undecodable_frames_are_protocol_errors(frame, problem):
 
 def test_request_table_ends_each_request_once():
     table = RequestTable()
-    req = table.add(b"client-a", parse_submit(_submit()), device=0)
-    other = table.add(b"client-b", parse_submit(_submit()), device=0)  # ids are per client
+    req = table.add(b"client-a", parse_submit(_submit()), TpGroup(0, 1))
+    other = table.add(b"client-b", parse_submit(_submit()), TpGroup(0, 1))  # ids are per client
     assert req.rid != other.rid
     with pytest.raises(ValueError, match="already in flight"):
-        table.add(b"client-a", parse_submit(_submit()), device=0)
+        table.add(b"client-a", parse_submit(_submit()), TpGroup(0, 1))
     assert table.finish(req.rid) is req
     assert table.finish(req.rid) is None
     assert table.lookup(b"client-a", 7) is None and table.lookup(b"client-b", 7) is other

@@ -21,11 +21,15 @@ from tiertp.worker.runner import ModelLimits, RunnerDied, StepInput, StepOutput,
 
 class InstanceStepRunner(StepRunner):
     def __init__(self, model: str, group: TpGroup, max_total_tokens: int, extra_server_args: dict | None = None,
-                 prefill_chunk_tokens: int | None = None, cores_per_rank: int | None = None):
+                 prefill_chunk_tokens: int | None = None, cores_per_rank: int | None = None,
+                 weight_stores: dict | None = None):
+        from tiertp.switching.weight_binder import WEIGHT_BINDER
+
+        binder = {"weight_binder": WEIGHT_BINDER, "weight_binder_arg": dict(weight_stores)} if weight_stores else {}
         self.spec = InstanceSpec(model=model, tp=group.tp, devices=tuple(group.devices),
                                  max_total_tokens=max_total_tokens, prefill_chunk_tokens=prefill_chunk_tokens,
                                  cores_per_rank=cores_per_rank,
-                                 extra_server_args=dict(extra_server_args or {}))
+                                 extra_server_args=dict(extra_server_args or {}), **binder)
         self.instance: TpInstance | None = None
         self._held: set[int] = set()  # requests the instance holds, released ones excluded
         self._to_release: list[int] = []
@@ -61,6 +65,24 @@ class InstanceStepRunner(StepRunner):
             if rid in self._held:
                 self._held.discard(rid)
                 self._to_release.append(rid)
+
+    # --- switching (tiertp.worker.switch_ops) --------------------------
+    def flush_releases(self) -> None:
+        """Free released requests' KV now instead of with the next step."""
+        release, self._to_release = self._to_release, []
+        if release:
+            try:
+                self.instance.release(release)
+            except InstanceFailed as e:
+                raise RunnerDied(str(e)) from e
+
+    def adopted(self, rids: list[int]) -> None:
+        """The instance adopted these requests (KV included): they decode, not prefill."""
+        self._held |= set(rids)
+
+    def moved_away(self, rids: list[int]) -> None:
+        """The requests left for another instance, which already freed their KV here."""
+        self._held -= set(rids)
 
     def close(self) -> None:
         instance, self.instance = self.instance, None

@@ -3,27 +3,35 @@ execution processes behind it.
 
 One thread, one loop: poll the client socket and every execution process's
 socket, handle what arrived, then a tick (keep-alive pings, death and hang
-detection, due restarts). Requests are routed to a device's active TP group
-(the submit's `group`, else the least loaded group of the request's tier,
-else any group as best effort); a group whose process is not ready yet holds
-them and sends them when it is. Each accepted request ends in exactly one
-terminal message (see tiertp.worker.requests).
+detection, due restarts, prefill -> decode hand-offs). Each accepted request
+ends in exactly one terminal message (see tiertp.worker.requests).
 
-What issue 6 still needs here (this is its first step):
-- warm processes at every candidate TP level: `warm_groups` lists only TP 1
-  groups; `aligned_groups(devices, tp_levels)` is the full list once TP>1
-  processes share their device's weights and the TP process groups are
-  created up front;
-- TP switching (pause at an iteration boundary, KV migration with
-  tiertp.kv, resume, roll back on failure): plans that change a TP group are
-  rejected with plan.TP_SWITCH_UNSUPPORTED;
-- prefill/decode roles: roles are recorded and reported, but every group
-  runs whole requests; the prefill → decode KV hand-off is not built.
+Processes: one warm execution process per aligned TP group at every
+candidate TP level (`--tp-levels`; e.g. TP1 on each device, TP2 on each
+pair). With more than one level, each device's model is loaded once into a
+shared weight store (tiertp.worker.weight_stores) that all its processes
+map. The active groups are the current plan's; the others sit paused.
+
+Requests are routed to an active TP group (the submit's `group`, else the
+least loaded non-decode group of the request's tier, else any group as best
+effort); a group whose process is not ready yet holds them and sends them
+when it is.
+
+A plan that changes TP groups is a TP switch (tiertp.worker.switcher): the
+groups it removes and adds fall into merges and splits
+(tiertp.worker.layout_change), each run by the switching coordinator over
+the processes' instances (tiertp.worker.remote_instance): pause, KV
+migration, resume in the new group; waiting requests move as metadata. If
+any part fails, the parts done are undone, the old assignments stay and the
+plan is rejected with the reason. A request whose first token came from a
+`prefill` group is handed off (KV included) to the least loaded `decode`
+group of its tier.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 import traceback
@@ -33,12 +41,16 @@ import zmq
 
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig
-from tiertp.worker.groups import TpGroup
+from tiertp.worker.groups import TpGroup, aligned_groups
+from tiertp.worker.layout_change import layout_changes
 from tiertp.worker.messages import ApplyPlan, Submit, parse_apply_plan, parse_cancel, parse_submit
 from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.process import DEAD, READY, ExecProcess
+from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 from tiertp.worker.requests import InFlight, RequestTable
-from tiertp.worker.runner import ModelLimits
+from tiertp.worker.runner import DEFAULT_RUNNER, ModelLimits
+from tiertp.worker.switcher import ChangeFailed, Switcher
+from tiertp.worker.weight_stores import close_stores, create_device_stores, write_store_handles
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +77,23 @@ class Agent:
         self.plan_id: int | None = None
         self.requests = RequestTable()
         self.procs: dict[TpGroup, ExecProcess] = {}
+        # Switching: each ready process's instance, and the coordinator (made
+        # at the first ready process: it hosts a store the ranks connect to).
+        self.instances: dict[TpGroup, RemoteInstance] = {}
+        self.switcher: Switcher | None = None
+        self._hand_offs: dict[TpGroup, list[int]] = defaultdict(list)  # prefill group -> first-token rids
+        # Reported in `stats`: TP switches applied / rolled back, requests handed off.
+        self.moves = {"switches": 0, "rolled_back": 0, "hand_offs": 0, "handed_off_requests": 0}
+        self.stores: dict = {}
+        self._stores_arg: str | None = None
+        if len(cfg.tp_levels) > 1 and _runner_name() == "instance":
+            try:
+                self.stores = create_device_stores(cfg.model, cfg.devices, cfg.tp_levels)
+            except BaseException:
+                self.router.close(linger=0)
+                self.ctx.term()
+                raise
+            self._stores_arg = str(write_store_handles(self.stores, cfg.resolved_log_dir()))
         self.limits: ModelLimits | None = None  # the model's; known once a process is ready
         self._generation = 0
         self._start_failures: dict[TpGroup, int] = defaultdict(int)
@@ -74,13 +103,15 @@ class Agent:
     # ---- processes -------------------------------------------------------
 
     def warm_groups(self) -> list[TpGroup]:
-        """The groups that get a warm process: TP 1 on every device, for now."""
-        return [TpGroup(d, 1) for d in range(self.cfg.devices)]
+        """The groups that get a warm process: every aligned group at every TP level."""
+        return aligned_groups(self.cfg.devices, list(self.cfg.tp_levels))
 
     def _start(self, group: TpGroup) -> None:
         self._generation += 1
         a = self.assign[group.first]
-        self.procs[group] = ExecProcess(self.ctx, self.cfg, group, self._generation, a.batch_cap, a.token_cap)
+        self.instances.pop(group, None)
+        self.procs[group] = ExecProcess(self.ctx, self.cfg, group, self._generation, a.batch_cap, a.token_cap,
+                                        weight_stores=self._stores_arg)
 
     def _on_ready(self, proc: ExecProcess) -> None:
         self._start_failures[proc.group] = 0
@@ -88,16 +119,32 @@ class Agent:
         a = self.assign[proc.group.first]
         # A plan may have changed the caps while the process was starting.
         proc.send({"type": "caps", "batch_cap": a.batch_cap, "token_cap": a.token_cap})
-        for req in self.requests.on_device(proc.group.first):
+        if len(self.warm_groups()) > 1:  # something to switch or hand off to
+            self._register_instance(proc)
+        for req in self.requests.on_group(proc.group):
             if not req.sent:
                 self._send_to_process(req, proc)
+
+    def _register_instance(self, proc: ExecProcess) -> None:
+        """Make `proc`'s instance a switching participant (TP switches, hand-offs)."""
+        try:
+            inst = RemoteInstance(proc, self.cfg.model, self._on_process, self._max_tokens)
+            if self.switcher is None:
+                self.switcher = Switcher(self._on_moved, self._on_dropped, self._kv_tokens)
+            self.switcher.warm(inst)
+        except Exception as e:  # noqa: BLE001 - it still serves; plans needing it are rejected
+            log.warning("device %d TP%d: not available for TP switches: %s", proc.group.first, proc.group.tp, e)
+            return
+        self.instances[proc.group] = inst
 
     def _on_death(self, proc: ExecProcess, reason: str) -> None:
         group = proc.group
         was_ready = proc.limits is not None
+        self.instances.pop(group, None)
+        self._hand_offs.pop(group, None)
         log.error("device %d TP%d: %s; restarting it", group.first, group.tp, reason)
         where = f"device {group.first} (TP{group.tp} group {group.as_list()})"
-        for req in self.requests.on_device(group.first):
+        for req in self.requests.on_group(group):
             if req.sent and req.process_generation == proc.generation:
                 self._fail(req.rid, P.WORKER_DIED, f"{where}: {reason}; the request was running there and is lost")
         if was_ready:
@@ -107,7 +154,7 @@ class Agent:
             n = self._start_failures[group]
             delay = min(2.0 ** n, _MAX_RESTART_DELAY_S)
             if n >= self.cfg.max_start_failures:
-                for req in self.requests.on_device(group.first):
+                for req in self.requests.on_group(group):
                     self._fail(req.rid, P.WORKER_DIED, f"{where}: the execution process failed to start {n} times "
                                f"in a row ({reason}); last lines of its log ({proc.log_path}):\n{proc.log_tail()}")
         self._restart_at[group] = time.monotonic() + delay
@@ -159,9 +206,8 @@ class Agent:
         return sorted({a.tp_group for a in self.assign.values()})
 
     def _load(self, group: TpGroup) -> int:
-        proc = self.procs.get(group)
-        held = sum(1 for r in self.requests.on_device(group.first) if not r.sent)
-        return held + (proc.load["running"] + proc.load["waiting"] if proc else 0)
+        """Requests in flight on `group`: the agent's own count (a process's report lags behind)."""
+        return len(self.requests.on_group(group))
 
     def _route(self, s: Submit) -> TpGroup:
         active = self._active_groups()
@@ -172,7 +218,9 @@ class Agent:
             return s.group
         # The dispatcher's rule (DESIGN.md §1): the tier's own groups, else any
         # group as best effort. Groups no plan has given a tier serve every tier.
+        # New requests start where prefill runs: decode groups get them by hand-off.
         own = [g for g in active if self.assign[g.first].tier == s.tier]
+        own = [g for g in own if self.assign[g.first].role != "decode"] or own
         free = [g for g in active if self.assign[g.first].tier is None]
         return min(own or free or active, key=lambda g: (self._load(g), g))
 
@@ -182,7 +230,7 @@ class Agent:
         if self.limits is not None and (problem := self._check_limits(s, self.limits)):
             raise P.ProtocolError(problem, request_id=s.id)
         try:
-            req = self.requests.add(client, s, group.first)
+            req = self.requests.add(client, s, group)
         except ValueError as e:
             raise P.ProtocolError(str(e), request_id=s.id) from None
         proc = self.procs.get(group)
@@ -198,7 +246,7 @@ class Agent:
             self._to_client(client, P.error(P.BAD_REQUEST, f"cancel: request {c.id} is not in flight "
                                              "(finished, cancelled, or never submitted)"))
             return
-        proc = self.procs.get(self.assign[req.device].tp_group)
+        proc = self.procs.get(req.group)
         if req.sent and proc is not None and proc.state == READY and proc.generation == req.process_generation:
             proc.send({"type": "cancel", "rid": req.rid})
         self._fail(req.rid, P.CANCELLED, f"request {c.id} cancelled by the client")
@@ -216,19 +264,127 @@ class Agent:
         try:
             plan: ApplyPlan = parse_apply_plan(msg)
             new = check_plan(plan, self.assign, list(self.cfg.tp_levels))
+            old_groups, new_groups = set(self._active_groups()), {a.tp_group for a in new.values()}
+            changes = layout_changes(old_groups, new_groups)
+            self._check_switchable(changes)
         except (P.ProtocolError, PlanRejected) as e:
             log.warning("plan %d rejected: %s", plan_id, e)
             reply(False, str(e))
             return
-        for group in self._active_groups():
+        done = []
+        try:
+            for change in changes:
+                self.switcher.apply(change, self.instances)
+                done.append(change)
+        except (ChangeFailed, RemoteOpFailed) as e:
+            log.warning("plan %d: TP switch %s failed: %s", plan_id, change.describe(), e)
+            for undo in reversed(done):
+                try:
+                    self.switcher.apply(undo.reversed(), self.instances)
+                except (ChangeFailed, RemoteOpFailed) as e2:
+                    log.error("plan %d: undoing %s failed: %s", plan_id, undo.describe(), e2)
+            self._settle(old_groups)
+            self.moves["rolled_back"] += 1
+            reply(False, f"TP switch {change.describe()} failed and was rolled back; the old assignments stay: {e}")
+            return
+        for group in sorted(new_groups):
             a, proc = new[group.first], self.procs.get(group)
             old = self.assign[group.first]
-            caps_changed = (a.batch_cap, a.token_cap) != (old.batch_cap, old.token_cap)
+            caps_changed = (a.batch_cap, a.token_cap) != (old.batch_cap, old.token_cap) or group not in old_groups
             if proc is not None and proc.state == READY and caps_changed:
                 proc.send({"type": "caps", "batch_cap": a.batch_cap, "token_cap": a.token_cap})
         self.assign = new
         self.plan_id = plan_id
+        if changes:
+            self._settle(new_groups)
+            self.moves["switches"] += len(changes)
         reply(True, None)
+
+    def _check_switchable(self, changes) -> None:
+        """PlanRejected unless every group a switch moves requests into is ready to take them."""
+        for change in changes:
+            for g in change.dests:
+                proc = self.procs.get(g)
+                if proc is None or proc.state != READY:
+                    state = "not started" if proc is None else proc.state
+                    raise PlanRejected(f"TP switch {change.describe()}: the TP{g.tp} process of group {g.as_list()} "
+                                       f"is not ready ({state})")
+                if g not in self.instances:
+                    raise PlanRejected(f"TP switch {change.describe()}: the TP{g.tp} process of group {g.as_list()} "
+                                       "cannot take part in switches (see the agent log)")
+
+    # ---- switching -------------------------------------------------------
+
+    def _max_tokens(self, rid: int) -> int:
+        req = self.requests.get(rid)
+        return req.submit.sampling.max_tokens if req is not None else 1
+
+    def _kv_tokens(self, rid: int) -> int:
+        req = self.requests.get(rid)
+        return len(req.submit.input_ids) + req.generated if req is not None else 0
+
+    def _on_moved(self, rids: list[int], group: TpGroup) -> None:
+        proc = self.procs[group]
+        for rid in rids:
+            req = self.requests.get(rid)
+            if req is not None:
+                req.group, req.sent, req.process_generation = group, True, proc.generation
+
+    def _on_dropped(self, rids: list[int], group: TpGroup) -> None:
+        for rid in rids:
+            req = self.requests.get(rid)
+            if req is not None and req.group == group:
+                req.sent = False
+
+    def _settle(self, active: set[TpGroup]) -> None:
+        """After a switch: instances of active groups (or holding requests) run, the others
+        pause; requests whose group is no longer active go to an active one that overlaps it."""
+        holding = {r.group for r in self.requests.all() if r.sent}
+        for g, inst in list(self.instances.items()):
+            run = g in active or g in holding
+            try:
+                if run and inst.paused:
+                    inst.resume()
+                elif not run and not inst.paused:
+                    inst.pause()
+            except RemoteOpFailed as e:  # a dead process: the tick restarts it
+                log.error("device %d TP%d: %s", g.first, g.tp, e)
+        for req in self.requests.all():
+            if req.sent or req.group in active:
+                continue
+            near = [g for g in active if set(g.devices) & set(req.group.devices)] or sorted(active)
+            req.group = min(near, key=lambda g: (self._load(g), g))
+        for req in self.requests.all():
+            proc = self.procs.get(req.group)
+            if not req.sent and proc is not None and proc.state == READY:
+                self._send_to_process(req, proc)
+
+    def _queue_hand_off(self, group: TpGroup, rid: int) -> None:
+        """`rid` just got its first token on `group`: hand it to a decode group if `group` prefills."""
+        a = self.assign.get(group.first)
+        if a is not None and a.tp_group == group and a.role == "prefill":
+            self._hand_offs[group].append(rid)
+
+    def _run_hand_offs(self) -> None:
+        for src_group in list(self._hand_offs):
+            rids = self._hand_offs.pop(src_group)
+            src = self.instances.get(src_group)
+            tier = self.assign[src_group.first].tier
+            decode = [g for g in self._active_groups()
+                      if self.assign[g.first].role == "decode" and self.assign[g.first].tier == tier
+                      and g in self.instances]
+            rids = [r for r in rids if self.requests.get(r) is not None]
+            if src is None or not decode or not rids or self.switcher is None:
+                continue  # no decode group (yet): they finish where they are
+            dest_group = min(decode, key=lambda g: (self._load(g), g))
+            try:
+                moved = self.switcher.hand_off(src_group, src, rids, dest_group, self.instances[dest_group])
+                if moved:
+                    self.moves["hand_offs"] += 1
+                    self.moves["handed_off_requests"] += len(moved)
+            except (ChangeFailed, RemoteOpFailed) as e:  # they keep decoding on the prefill group
+                log.warning("hand-off of %d request(s) TP%d%s -> TP%d%s failed: %s", len(rids), src_group.tp,
+                            list(src_group.devices), dest_group.tp, list(dest_group.devices), e)
 
     def _stats(self) -> dict:
         devices = []
@@ -236,14 +392,17 @@ class Agent:
             proc = self.procs.get(a.tp_group)
             load = proc.load if proc is not None and proc.state == READY else {"running": 0, "waiting": 0,
                                                                               "kv_used_tokens": 0}
-            held = sum(1 for r in self.requests.on_device(a.tp_group.first) if not r.sent)
+            held = sum(1 for r in self.requests.on_group(a.tp_group) if not r.sent)
             devices.append({"device": d, "role": a.role, "tier": a.tier, "tp_group": a.tp_group.as_list(),
                             "running": load["running"], "waiting": load["waiting"] + held,
                             "kv_used_tokens": load["kv_used_tokens"],
                             "kv_capacity_tokens": self.cfg.max_total_tokens,
                             # The gateway plans only over ready devices (docs/worker-protocol.md).
                             "state": proc.state if proc is not None else DEAD})
-        return {"type": P.STATS, "devices": devices, "plan_id": self.plan_id}
+        processes = [{"tp_group": g.as_list(), "state": p.state, "active": g in self._active_groups(),
+                      "switchable": g in self.instances} for g, p in sorted(self.procs.items())]
+        return {"type": P.STATS, "devices": devices, "plan_id": self.plan_id, "moves": dict(self.moves),
+                "processes": processes}
 
     def _on_client(self, frames: list[bytes]) -> None:
         client = frames[0]
@@ -291,12 +450,14 @@ class Agent:
                 per_client[req.client].append(out)
                 if item["finished"]:
                     self.requests.finish(req.rid)
+                elif req.generated == 1:
+                    self._queue_hand_off(proc.group, req.rid)
             for client, items in per_client.items():
                 self._to_client(client, {"type": P.TOKENS, "items": items})
         elif kind == "failed":
             for rid in msg["rids"]:
                 self._fail(rid, P.INTERNAL, f"device {proc.group.first}: {msg['message']}")
-        elif kind not in ("pong", "load", "exiting"):
+        elif kind not in ("pong", "load", "exiting", "op_done"):  # op_done: an op that timed out
             log.error("device %d: unknown message type %r from the execution process", proc.group.first, kind)
 
     # ---- loop ------------------------------------------------------------
@@ -307,9 +468,6 @@ class Agent:
     def run(self) -> None:
         log.info("node agent on %s: %d device(s), model %s, TP levels %s", self.cfg.bind, self.cfg.devices,
                  self.cfg.model, list(self.cfg.tp_levels))
-        if any(t > 1 for t in self.cfg.tp_levels):
-            log.warning("TP levels %s: no warm processes started for them (TP switching not implemented yet)",
-                        [t for t in self.cfg.tp_levels if t > 1])
         try:
             for group in self.warm_groups():
                 self._start(group)
@@ -332,6 +490,7 @@ class Agent:
                     if p.socket in ready and p.state != DEAD:
                         while p.socket.poll(0):
                             self._on_process(p, p.receive())
+                self._run_hand_offs()
                 self._tick()
         finally:
             self.shutdown()
@@ -343,9 +502,18 @@ class Agent:
         for proc in self.procs.values():
             proc.stop()
         self.procs.clear()
+        self.instances.clear()
+        if self.switcher is not None:
+            self.switcher.close()
+        close_stores(self.stores)
         self.router.close(linger=1000)
         self.ctx.term()
         log.info("node agent stopped")
+
+
+def _runner_name() -> str:
+    """The execution processes' step runner (tiertp.worker.runner; they read the same variable)."""
+    return os.environ.get("TIERTP_STEP_RUNNER") or DEFAULT_RUNNER
 
 
 def serve(cfg: AgentConfig) -> None:

@@ -7,7 +7,8 @@ group). It connects a ZeroMQ PAIR socket to the agent and loops:
 
 1. handle the agent's messages (between iterations only):
    ``add`` (a request), ``cancel``, ``caps`` (batch/token caps), ``ping``,
-   ``shutdown``;
+   ``shutdown``, and ``op`` (pause, export, adopt, ... for TP switches and
+   hand-offs: tiertp.worker.switch_ops; a paused process does not iterate);
 2. ask the Rust batch policy (`tiertp._scheduler.BatchPolicy`) which waiting
    requests join the running batch (`next_batch(running)`);
 3. run one iteration for the running batch (`StepRunner.step`) and send the
@@ -39,7 +40,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 
 import psutil
 import zmq
@@ -47,34 +47,16 @@ import zmq
 from tiertp import _scheduler
 from tiertp.execution.process_util import die_with_parent
 from tiertp.worker import protocol as P
+from tiertp.worker.exec_request import ExecRequest
+from tiertp.worker.weight_stores import read_store_handles
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import DEFAULT_RUNNER, RUNNERS, RunnerDied, StepInput, StepRunner, make_runner
+from tiertp.worker.runner import DEFAULT_RUNNER, RUNNERS, RunnerDied, StepRunner, make_runner
+from tiertp.worker.switch_ops import SwitchOps
 
 _IDLE_POLL_MS = 200
 _WATCH_S = 0.5
 # Why this process is about to exit, when it knows (told to the agent in `exiting`).
 _exit_reason: list[str] = []
-
-
-@dataclass
-class _Req:
-    rid: int
-    input_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop_token_ids: tuple[int, ...]
-    output: list[int] = field(default_factory=list)
-
-    @property
-    def kv_reserved(self) -> int:
-        """KV tokens this request may hold by its end (prompt + max_tokens)."""
-        return len(self.input_ids) + self.max_tokens
-
-    def step_input(self) -> StepInput:
-        return StepInput(self.rid, self.input_ids + self.output, len(self.output), self.temperature,
-                         self.top_p, self.seed, self.stop_token_ids)
 
 
 class ExecutionLoop:
@@ -89,13 +71,20 @@ class ExecutionLoop:
         self.kv_capacity = kv_capacity_tokens
         self.runner = runner
         self.policy = _scheduler.BatchPolicy(batch_cap, token_cap)
-        self.waiting: dict[int, _Req] = {}
-        self.running: dict[int, _Req] = {}  # insertion order = batch order
+        self.waiting: dict[int, ExecRequest] = {}
+        self.running: dict[int, ExecRequest] = {}  # insertion order = batch order
         self.parent = os.getppid()
         self.stop = False
+        # Paused by a switch (tiertp.worker.switch_ops): no iteration runs until
+        # `resume`; an inactive TP level's process stays paused between switches.
+        self.paused = False
+        self.ops = SwitchOps(self)
 
-    def _send(self, msg: dict) -> None:
+    def send(self, msg: dict) -> None:
         self.sock.send(P.encode(msg))
+
+    def send_load(self) -> None:
+        self.send({"type": "load", **self._load()})
 
     def _load(self) -> dict:
         kv = sum(len(r.input_ids) + len(r.output) for r in self.running.values())
@@ -104,7 +93,7 @@ class ExecutionLoop:
     def _handle(self, msg: dict) -> None:
         kind = msg["type"]
         if kind == "add":
-            r = _Req(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], msg["temperature"], msg["top_p"],
+            r = ExecRequest(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], msg["temperature"], msg["top_p"],
                      msg["seed"], tuple(msg["stop_token_ids"]))
             if self.policy.enqueue(r.rid, msg["cls"], len(r.input_ids)):
                 self.waiting[r.rid] = r
@@ -115,11 +104,13 @@ class ExecutionLoop:
                 self.runner.release([msg["rid"]])
             # The agent's stats come from this process's reports; without this
             # one they would show the cancelled request until the next ping.
-            self._send({"type": "load", **self._load()})
+            self.send_load()
         elif kind == "caps":
             self.policy.set_caps(msg["batch_cap"], msg["token_cap"])
         elif kind == "ping":
-            self._send({"type": "pong", **self._load()})
+            self.send({"type": "pong", **self._load()})
+        elif kind == "op":
+            self.send(self.ops.handle(msg))
         elif kind == "shutdown":
             self.stop = True
         else:  # the agent is the only peer; an unknown type is a bug there
@@ -127,13 +118,15 @@ class ExecutionLoop:
 
     def run(self) -> None:
         while not self.stop:
-            busy = bool(self.running or self.waiting)
+            busy = bool(self.running or self.waiting) and not self.paused
             timeout = 0 if busy else _IDLE_POLL_MS
             while self.sock.poll(timeout):
                 self._handle(P.decode(self.sock.recv()))
                 timeout = 0
             if self.stop or os.getppid() != self.parent:  # agent gone: never outlive it
                 return
+            if self.paused:
+                continue
             for rid in self._admit():
                 self.running[rid] = self.waiting.pop(rid)
             if self.running:
@@ -158,7 +151,7 @@ class ExecutionLoop:
             _exit_reason.append(str(e))
             raise
         except Exception as e:
-            self._send({"type": "failed", "rids": [r.rid for r in batch],
+            self.send({"type": "failed", "rids": [r.rid for r in batch],
                         "message": f"model iteration failed: {type(e).__name__}: {e}"})
             raise
         items, finished = [], []
@@ -174,7 +167,7 @@ class ExecutionLoop:
         if finished:
             self.runner.release(finished)
         if items:
-            self._send({"type": "tokens", "items": items, **self._load()})
+            self.send({"type": "tokens", "items": items, **self._load()})
 
 
 def _watch_engine_children() -> None:
@@ -230,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-args", default="{}", help="JSON: more SGLang Engine/server keyword arguments")
     ap.add_argument("--cores-per-device", type=int, default=None,
                     help="CPU: cores each logical device owns (device d: core group d); default: all cores")
+    ap.add_argument("--weight-stores", default=None,
+                    help="file with a pickle of {device: StoreHandle}: bind the model to the node's shared weight "
+                         "stores (tiertp.weights) instead of loading it (one copy per device for all TP levels)")
     ap.add_argument("--runner", choices=RUNNERS, default=os.environ.get("TIERTP_STEP_RUNNER") or DEFAULT_RUNNER,
                     help=f"step runner (default {DEFAULT_RUNNER}, or $TIERTP_STEP_RUNNER)")
     args = ap.parse_args(argv)
@@ -244,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(args.endpoint)
     runner = make_runner(args.runner, args.model, group, args.max_total_tokens, json.loads(args.engine_args),
-                         cores_per_device=args.cores_per_device)
+                         cores_per_device=args.cores_per_device,
+                         weight_stores=read_store_handles(args.weight_stores) if args.weight_stores else None)
     code = 0
     try:
         limits = runner.start()

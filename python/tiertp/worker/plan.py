@@ -13,10 +13,6 @@ from dataclasses import dataclass, replace
 from tiertp.worker.groups import GroupError, TpGroup
 from tiertp.worker.messages import ApplyPlan
 
-# Said in `plan_applied.reason` for plans that change a TP group.
-TP_SWITCH_UNSUPPORTED = "TP switching not implemented yet"
-
-
 class PlanRejected(ValueError):
     """A plan the agent will not apply; the message is the `reason`."""
 
@@ -46,8 +42,8 @@ def check_plan(plan: ApplyPlan, current: dict[int, DeviceAssignment],
     assignment). Rejected: a device listed twice or unknown; a TP group that
     is misaligned, not a power of two, outside the node, or at a TP level the
     agent was not started with; a group that does not contain its device;
-    devices of one group that disagree on group, role or tier; and (for now)
-    any change of a device's TP group.
+    devices of one group that disagree on group, role or tier. A change of
+    TP groups is allowed here; the agent turns it into a TP switch.
     """
     num_devices = len(current)
     seen: set[int] = set()
@@ -75,8 +71,4 @@ def check_plan(plan: ApplyPlan, current: dict[int, DeviceAssignment],
             if (b.tp_group, b.role, b.tier) != (a.tp_group, a.role, a.tier):
                 raise PlanRejected(f"devices {a.device} and {other} share TP group {a.tp_group.as_list()} but the "
                                    f"plan gives them different groups, roles or tiers")
-    changed = sorted(d for d in new if new[d].tp_group != current[d].tp_group)
-    if changed:
-        raise PlanRejected(f"{TP_SWITCH_UNSUPPORTED} (plan changes the TP group of device(s) "
-                           f"{', '.join(map(str, changed))})")
     return new

@@ -42,7 +42,7 @@ class ExecProcess:
     """
 
     def __init__(self, ctx: zmq.Context, cfg: AgentConfig, group: TpGroup, generation: int, batch_cap: int,
-                 token_cap: int):
+                 token_cap: int, weight_stores: str | None = None):
         self.group = group
         self.generation = generation
         self.state = STARTING
@@ -68,6 +68,8 @@ class ExecProcess:
                "--max-total-tokens", str(cfg.max_total_tokens), "--batch-cap", str(batch_cap),
                "--token-cap", str(token_cap), "--engine-args", json.dumps(cfg.extra_engine_args),
                "--cores-per-device", str(cfg.resolved_cores_per_device())]
+        if weight_stores:  # the node's shared weight stores (tiertp.worker.weight_stores)
+            cmd += ["--weight-stores", weight_stores]
         with open(self.log_path, "ab") as logf:
             self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                           env=env, start_new_session=True)

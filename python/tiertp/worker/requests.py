@@ -13,18 +13,20 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from tiertp.worker.groups import TpGroup
 from tiertp.worker.messages import Submit
 
 
 @dataclass
 class InFlight:
-    """One accepted request. `device` is the first device of the group serving it;
-    `sent` is False while the agent holds it (its process is not ready yet)."""
+    """One accepted request. `group` is the TP group serving it (a switch or a
+    hand-off changes it); `sent` is False while the agent holds it (its
+    process is not ready yet, or a switch moved it as metadata)."""
 
     rid: int
     client: bytes  # ROUTER identity of the submitting client
     submit: Submit
-    device: int
+    group: TpGroup
     sent: bool = False
     generated: int = 0
     first_item_sent: bool = False
@@ -37,12 +39,12 @@ class RequestTable:
         self._by_rid: dict[int, InFlight] = {}
         self._by_client: dict[tuple[bytes, int], int] = {}
 
-    def add(self, client: bytes, submit: Submit, device: int) -> InFlight:
+    def add(self, client: bytes, submit: Submit, group: TpGroup) -> InFlight:
         """Register an accepted submit; ValueError if the client already has that id in flight."""
         key = (client, submit.id)
         if key in self._by_client:
             raise ValueError(f"submit {submit.id}: a request with this id is already in flight for this client")
-        req = InFlight(next(self._next), client, submit, device)
+        req = InFlight(next(self._next), client, submit, group)
         self._by_rid[req.rid] = req
         self._by_client[key] = req.rid
         return req
@@ -61,8 +63,8 @@ class RequestTable:
             del self._by_client[(req.client, req.submit.id)]
         return req
 
-    def on_device(self, device: int) -> list[InFlight]:
-        return [r for r in self._by_rid.values() if r.device == device]
+    def on_group(self, group: TpGroup) -> list[InFlight]:
+        return [r for r in self._by_rid.values() if r.group == group]
 
     def all(self) -> list[InFlight]:
         return list(self._by_rid.values())

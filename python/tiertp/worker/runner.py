@@ -154,14 +154,20 @@ DEFAULT_RUNNER = RUNNERS[0]
 
 
 def make_runner(name: str, model: str, group: TpGroup, max_total_tokens: int,
-                extra_args: dict | None = None, cores_per_device: int | None = None) -> StepRunner:
+                extra_args: dict | None = None, cores_per_device: int | None = None,
+                weight_stores: dict | None = None) -> StepRunner:
     """The runner called `name` (one of RUNNERS); `extra_args` are more SGLang
     server/engine keyword arguments; `cores_per_device` pins each rank to its
-    device's cores (the instance runner; the Engine runner splits all cores)."""
+    device's cores (the instance runner; the Engine runner splits all cores);
+    `weight_stores` ({device: tiertp.weights.StoreHandle}) binds the instance's
+    ranks to their devices' shared weights (the instance runner only)."""
     if name == "instance":
         from tiertp.execution.step_runner import InstanceStepRunner
 
-        return InstanceStepRunner(model, group, max_total_tokens, extra_args, cores_per_rank=cores_per_device)
+        return InstanceStepRunner(model, group, max_total_tokens, extra_args, cores_per_rank=cores_per_device,
+                                  weight_stores=weight_stores)
+    if weight_stores:
+        raise ValueError(f"step runner {name!r} cannot use shared weight stores; use 'instance'")
     if name == "engine":
         return EngineStepRunner(model, group, max_total_tokens, extra_args)
     raise ValueError(f"unknown step runner {name!r}; expected one of: {', '.join(RUNNERS)}")

@@ -1,0 +1,137 @@
+"""`Switcher`: the agent's TP switches and prefill -> decode hand-offs.
+
+It runs tiertp.switching.SwitchCoordinator over the execution processes'
+`RemoteInstance`s and hosts the coordinator's control store (the ranks of
+every instance meet there for each migration). The agent tells it what to
+do (a `LayoutChange`, or requests to hand off) and learns where requests
+went through two callbacks, called as soon as each step has happened, so
+tokens that arrive mid-switch are attributed correctly:
+
+- ``on_moved(rids, group)``: these running requests (KV included) now live
+  in `group`'s process;
+- ``on_dropped(rids, group)``: these waiting requests (not admitted yet, no
+  KV) were taken off `group`'s process; the agent sends them again to where
+  they belong (they move as metadata).
+
+A change that fails is undone: a merge by the coordinator's own rollback, a
+split by handing back what had already moved. `ChangeFailed` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from tiertp.switching import SwitchCoordinator, SwitchRolledBack
+from tiertp.worker.groups import TpGroup
+from tiertp.worker.layout_change import LayoutChange
+from tiertp.worker.remote_instance import RemoteInstance
+
+log = logging.getLogger(__name__)
+
+Moved = Callable[[list[int], TpGroup], None]
+
+
+class ChangeFailed(RuntimeError):
+    """A layout change or hand-off did not happen (everything is back where it was)."""
+
+
+class Switcher:
+    def __init__(self, on_moved: Moved, on_dropped: Moved, kv_tokens: Callable[[int], int],
+                 timeout_s: float = 60.0):
+        self.coordinator = SwitchCoordinator(timeout_s=timeout_s)
+        self._on_moved, self._on_dropped, self._kv_tokens = on_moved, on_dropped, kv_tokens
+
+    def close(self) -> None:
+        self.coordinator.close()
+
+    def warm(self, inst: RemoteInstance) -> None:
+        """Connect the instance's ranks to the control store now, not in the first switch."""
+        self.coordinator.warm(inst)
+
+    # --- TP switches --------------------------------------------------------
+    def apply(self, change: LayoutChange, instances: dict[TpGroup, RemoteInstance]) -> None:
+        """Move every request of `change.sources` to `change.dests`; ChangeFailed if it could not."""
+        sources = [(g, instances[g]) for g in change.sources if g in instances and not instances[g].closed]
+        dests = [(g, instances[g]) for g in change.dests]
+        held = {g: self._pause_and_list(g, inst) for g, inst in sources}
+        if len(dests) == 1:
+            self._merge(sources, held, dests[0])
+        else:
+            (src_group, src), = sources or [(change.sources[0], None)]
+            self._split(src_group, src, held.get(src_group, []), dests)
+
+    def _pause_and_list(self, group: TpGroup, inst: RemoteInstance) -> list[int]:
+        """Pause `inst`; its running requests. Its waiting ones are dropped for the agent to resend."""
+        inst.pause()
+        waiting = inst.held["waiting"]
+        if waiting:
+            inst.release(waiting)
+            self._on_dropped(waiting, group)
+        return list(inst.held["running"])
+
+    def _merge(self, sources, held, dest) -> None:
+        dest_group, dest_inst = dest
+        if not sources:
+            return
+        try:
+            self.coordinator.switch([(inst, held[g]) for g, inst in sources], dest_inst)
+        except SwitchRolledBack as e:
+            raise ChangeFailed(str(e)) from e
+        for g, _ in sources:
+            if held[g]:
+                self._on_moved(held[g], dest_group)
+
+    def _split(self, src_group: TpGroup, src: RemoteInstance | None, running: list[int],
+               dests: Sequence[tuple[TpGroup, RemoteInstance]]) -> None:
+        if src is None or not running:
+            return
+        shares = self._balance(running, len(dests))
+        done: list[tuple[TpGroup, RemoteInstance, list[int]]] = []
+        try:
+            for (g, inst), rids in zip(dests, shares):
+                if not rids:
+                    continue
+                self.coordinator.hand_off(src, rids, inst)
+                self._on_moved(rids, g)
+                done.append((g, inst, rids))
+        except SwitchRolledBack as e:
+            self._hand_back(done, src_group, src)
+            raise ChangeFailed(str(e)) from e
+
+    def _hand_back(self, done, src_group: TpGroup, src: RemoteInstance) -> None:
+        for g, inst, rids in reversed(done):
+            try:
+                self.coordinator.hand_off(inst, rids, src)
+                self._on_moved(rids, src_group)
+            except SwitchRolledBack as e:  # they keep running where they are; the agent still knows where
+                log.error("undoing a split: %d request(s) stay on TP%d%s: %s", len(rids), g.tp, list(g.devices), e)
+
+    def _balance(self, rids: list[int], n: int) -> list[list[int]]:
+        """Requests split into `n` shares of about equal KV (largest first)."""
+        shares: list[list[int]] = [[] for _ in range(n)]
+        tokens = [0] * n
+        for rid in sorted(rids, key=self._kv_tokens, reverse=True):
+            i = min(range(n), key=lambda j: (tokens[j], j))
+            shares[i].append(rid)
+            tokens[i] += self._kv_tokens(rid)
+        return shares
+
+    # --- prefill -> decode --------------------------------------------------
+    def hand_off(self, src_group: TpGroup, src: RemoteInstance, rids: list[int], dest_group: TpGroup,
+                 dest: RemoteInstance) -> list[int]:
+        """Move those of `rids` still running on `src` to `dest`; both run after. The rids moved."""
+        src.pause()
+        try:
+            running = set(src.held["running"])
+            move = [r for r in rids if r in running]
+            if move:
+                try:
+                    self.coordinator.hand_off(src, move, dest)
+                except SwitchRolledBack as e:
+                    raise ChangeFailed(str(e)) from e
+                self._on_moved(move, dest_group)
+            return move
+        finally:
+            if not src.closed:
+                src.resume()
