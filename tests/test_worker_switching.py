@@ -202,6 +202,16 @@ def test_prefill_group_hands_requests_off_to_the_decode_group(client, reference,
     assert after["handed_off_requests"] - before["handed_off_requests"] == len(ids)
 
 
+def test_submit_naming_an_inactive_group_is_routed_by_tier(client, reference):
+    # e.g. the gateway's plan is not the one running here (the agent rejected it)
+    streams = Streams(client)
+    active = {tuple(d["tp_group"]) for d in _stats(streams)["devices"]}
+    assert (1, 1) not in active
+    client.send(_submit(400, SHORT[0], max_tokens=SHORT_MAX, group=[1, 1]))
+    streams.to_end([400])
+    assert streams.tokens[400] == reference["short"].result()[0]
+
+
 def test_plan_switching_into_a_restarting_process_is_rejected(agent, client):
     streams = Streams(client)
     m = _apply(streams, _plan(20, *TP1_EACH))  # back to TP1 everywhere

@@ -212,10 +212,12 @@ class Agent:
     def _route(self, s: Submit) -> TpGroup:
         active = self._active_groups()
         if s.group is not None:
-            if s.group not in active:
-                raise P.ProtocolError(f"submit {s.id}: group {s.group.as_list()} is not an active TP group on this "
-                                      f"node (active: {[g.as_list() for g in active]})", request_id=s.id)
-            return s.group
+            if s.group in active:
+                return s.group
+            # The gateway's plan may not be the one running here (this agent
+            # rejected it, e.g. a TP switch rolled back): route by tier instead.
+            log.info("submit %d: group %s is not active here (active: %s); routing by tier", s.id,
+                     s.group.as_list(), [g.as_list() for g in active])
         # The dispatcher's rule (DESIGN.md §1): the tier's own groups, else any
         # group as best effort. Groups no plan has given a tier serve every tier.
         # New requests start where prefill runs: decode groups get them by hand-off.

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from tiertp.switching import SwitchCoordinator, SwitchRolledBack
+from tiertp.switching import SwitchCoordinator, SwitchError
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.layout_change import LayoutChange
-from tiertp.worker.remote_instance import RemoteInstance
+from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Switcher:
             return
         try:
             self.coordinator.switch([(inst, held[g]) for g, inst in sources], dest_inst)
-        except SwitchRolledBack as e:
+        except SwitchError as e:  # rolled back by the coordinator, or refused before it began
             raise ChangeFailed(str(e)) from e
         for g, _ in sources:
             if held[g]:
@@ -95,7 +95,7 @@ class Switcher:
                 self.coordinator.hand_off(src, rids, inst)
                 self._on_moved(rids, g)
                 done.append((g, inst, rids))
-        except SwitchRolledBack as e:
+        except SwitchError as e:
             self._hand_back(done, src_group, src)
             raise ChangeFailed(str(e)) from e
 
@@ -104,7 +104,7 @@ class Switcher:
             try:
                 self.coordinator.hand_off(inst, rids, src)
                 self._on_moved(rids, src_group)
-            except SwitchRolledBack as e:  # they keep running where they are; the agent still knows where
+            except (SwitchError, RemoteOpFailed) as e:  # they keep running where they are; the agent still knows where
                 log.error("undoing a split: %d request(s) stay on TP%d%s: %s", len(rids), g.tp, list(g.devices), e)
 
     def _balance(self, rids: list[int], n: int) -> list[list[int]]:
@@ -128,7 +128,7 @@ class Switcher:
             if move:
                 try:
                     self.coordinator.hand_off(src, move, dest)
-                except SwitchRolledBack as e:
+                except SwitchError as e:
                     raise ChangeFailed(str(e)) from e
                 self._on_moved(move, dest_group)
             return move
