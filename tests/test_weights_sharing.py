@@ -18,6 +18,7 @@ import multiprocessing
 import os
 
 import torch
+from weights_fixtures import skeleton
 
 from tiertp.engine.models import resolve_model
 from tiertp.weights import attach, bind, create_store
@@ -33,22 +34,6 @@ def _rss_anon() -> int:
     raise RuntimeError("no RssAnon in /proc/self/status")
 
 
-def _skeleton(store, tp, rank):
-    """Parameters named and shaped as the model's, unbacked (torch.empty: no page touched)."""
-    root = torch.nn.Module()
-    for name in store.layout.names():
-        *path, leaf = name.split(".")
-        mod = root
-        for p in path:
-            if not hasattr(mod, p):
-                mod.add_module(p, torch.nn.Module())
-            mod = getattr(mod, p)
-        shape = store.shard(name, tp, rank).shape
-        mod.register_parameter(leaf, torch.nn.Parameter(torch.empty(shape, dtype=store.layout.torch_dtype),
-                                                        requires_grad=False))
-    return root
-
-
 def _span(p: torch.Tensor, base: torch.Tensor) -> tuple[int, int]:
     """[first, last] byte offsets `p` addresses, relative to the mapping's start."""
     last = sum((s - 1) * st for s, st in zip(p.shape, p.stride()))
@@ -60,7 +45,7 @@ def _device_process(conn, handle, tp: int, rank: int) -> None:
     """One execution process of the device: attach, bind, touch, then serve commands."""
     anon_before = _rss_anon()
     store = attach(handle)
-    model = _skeleton(store, tp, rank)
+    model = skeleton(store, tp, rank)
     stats = bind(model, store, tp, rank)
     with torch.no_grad():
         for p in model.parameters():

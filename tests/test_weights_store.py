@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import torch
 from safetensors.torch import save_file
+from weights_fixtures import skeleton
 
 from tiertp.weights import (BindError, NoGPUError, StoreHandle, UnsupportedLevel, UnsupportedModel, WeightStoreError,
                             attach, bind, create_store)
@@ -131,37 +132,22 @@ def test_cuda_store_without_gpu_is_a_clear_error(tmp_path):
         create_store(tmp_path, (1, 2), device="cuda:0")
 
 
-def _skeleton(store, tp, rank, dtype=None):
-    """A plain module tree with the store's parameter names at (tp, rank)'s shapes."""
-    root = torch.nn.Module()
-    for name in store.layout.names():
-        *path, leaf = name.split(".")
-        mod = root
-        for p in path:
-            if not hasattr(mod, p):
-                mod.add_module(p, torch.nn.Module())
-            mod = getattr(mod, p)
-        shape = store.shard(name, tp, rank).shape
-        mod.register_parameter(leaf, torch.nn.Parameter(torch.zeros(shape, dtype=dtype), requires_grad=False))
-    return root
-
-
 def test_bind_replaces_every_parameter_and_checks_the_model(tmp_path):
     write_llama(tmp_path)
     with create_store(tmp_path, (1, 2, 4)) as store:
-        model = _skeleton(store, 2, 1)
+        model = skeleton(store, 2, 1)
         model.model.norm.weight.weight_loader = "kept"  # attributes SGLang sets survive the bind
         stats = bind(model, store, 2, 1)
         assert stats.parameters == len(store.layout.entries)
         assert all(store.contains(p) for p in model.parameters())
         assert model.model.norm.weight.weight_loader == "kept"
         with pytest.raises(UnsupportedLevel, match="TP 3 is not a level"):
-            bind(_skeleton(store, 1, 0), store, 3, 0)
+            bind(skeleton(store, 1, 0), store, 3, 0)
         with pytest.raises(BindError, match=r"expects shape .* at TP 4"):
-            bind(_skeleton(store, 2, 0), store, 4, 0)
+            bind(skeleton(store, 2, 0), store, 4, 0)
         with pytest.raises(BindError, match="dtype"):
-            bind(_skeleton(store, 2, 0, dtype=torch.float64), store, 2, 0)
-        extra = _skeleton(store, 2, 0)
+            bind(skeleton(store, 2, 0, dtype=torch.float64), store, 2, 0)
+        extra = skeleton(store, 2, 0)
         extra.register_parameter("stray", torch.nn.Parameter(torch.zeros(1)))
         with pytest.raises(BindError, match="no tensor in the weight store.*stray"):
             bind(extra, store, 2, 0)

@@ -19,11 +19,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from tiertp.commands.replay import _floats
-from tiertp.replay.live.caps import LengthCaps
-from tiertp.replay.live.limits import Limits
+from tiertp.commands.load_arguments import (
+    add_client_limit_arguments,
+    add_length_cap_arguments,
+    add_load_arguments,
+    client_limits,
+    length_caps,
+    tier_rule,
+)
 from tiertp.replay.tier_configs import resolve_tiers
-from tiertp.replay.workload import TierRule
 
 
 def _cpus(spec: str) -> list[int]:
@@ -42,18 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("fidelity", help="simulated vs live replay of one trace: predicted vs measured goodput",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     w = p.add_argument_group("workload (as tiertp replay)")
-    w.add_argument("--trace", action="append", default=[], required=True, metavar="TRACE",
-                   help="named trace, FORMAT:PATH, PATH or synthetic:...; repeat to merge")
-    w.add_argument("--tier-map", metavar="TRACE=TIER,...")
-    w.add_argument("--tier-fractions", metavar="TIER=F,...")
-    w.add_argument("--tiers", default=str(TIERS_CPU_TWO_TIER),
-                   help="tier TOML given to both the server and the simulator (default: the CPU two-tier file "
-                        "shipped in tiertp/fidelity)")
-    w.add_argument("--rps", type=_floats, required=True, metavar="R1,R2,...", help="offered loads, req/s")
-    w.add_argument("--duration", type=float, required=True, metavar="S", help="seconds of trace per load")
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--max-prompt-tokens", type=int, metavar="N", help="cap prompt lengths (both runs)")
-    w.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths (both runs)")
+    add_load_arguments(w, tiers_default=str(TIERS_CPU_TWO_TIER),
+                       tiers_help="tier TOML given to both the server and the simulator (default: the CPU two-tier "
+                                  "file shipped in tiertp/fidelity)",
+                       loads_required=True)
+    add_length_cap_arguments(w)
     c = p.add_argument_group("system")
     c.add_argument("--model", default="smollm2-135m", help="embedded model or model dir (default %(default)s)")
     c.add_argument("--devices", type=int, default=2, help="devices of the started server (default %(default)s)")
@@ -72,9 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--iteration-overhead-ms", type=float, default=0.0, metavar="MS",
                    help="add MS to every profile cell for the simulator (a step-runner overhead; default 0)")
     o = p.add_argument_group("client and output")
-    o.add_argument("--first-token-timeout", type=float, default=Limits.first_token_s, metavar="S")
-    o.add_argument("--stall-timeout", type=float, default=Limits.stall_s, metavar="S")
-    o.add_argument("--request-timeout", type=float, default=Limits.total_s, metavar="S")
+    add_client_limit_arguments(o)
     o.add_argument("--probe", type=int, default=2, metavar="N",
                    help="unloaded probe: N requests per tier sent one at a time before the loads (default 2; 0: none)")
     o.add_argument("--no-calibrate", action="store_true",
@@ -101,11 +96,10 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         out=args.out,
         tiers_path=resolve_tiers(args.tiers),
-        tier_rule=TierRule.parse(args.tier_map, args.tier_fractions),
+        tier_rule=tier_rule(args),
         seed=args.seed,
-        caps=LengthCaps(args.max_prompt_tokens, args.max_output_tokens),
-        limits=Limits(first_token_s=args.first_token_timeout, stall_s=args.stall_timeout,
-                      total_s=args.request_timeout),
+        caps=length_caps(args),
+        limits=client_limits(args),
         model=args.model,
         devices=args.devices,
         profile=args.profile,

@@ -23,44 +23,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tiertp.commands.load_arguments import (
+    add_client_limit_arguments,
+    add_length_cap_arguments,
+    add_load_arguments,
+    client_limits,
+    length_caps,
+    tier_rule,
+)
 from tiertp.profile_source import add_profile_arguments, load_profile
-from tiertp.replay.live.caps import LengthCaps
-from tiertp.replay.live.limits import Limits
 from tiertp.replay.driver import ReplayConfig, replay
 from tiertp.replay.policies import ALL
 from tiertp.replay.tier_configs import TIER_CONFIGS, resolve_tiers
-from tiertp.replay.workload import DEFAULT_TIER_MAP, TierRule
-from tiertp.traces import NAMED_TRACES
-
-
-def _floats(spec: str) -> list[float]:
-    try:
-        values = [float(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {spec!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {spec!r}")
-    return values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay traces through the cluster simulator; goodput report",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    w = p.add_argument_group("workload")
-    w.add_argument("--trace", action="append", default=[], required=True, metavar="TRACE",
-                   help=f"named trace ({', '.join(NAMED_TRACES)}), FORMAT:PATH, PATH, or "
-                        "synthetic:poisson,rate=5,cv=1,prompt=1024,output=128,duration=600; repeat to merge")
-    w.add_argument("--tier-map", metavar="TRACE=TIER,...",
-                   help="tier per trace name (default for the named Azure traces: "
-                        + ",".join(f"{k}={v}" for k, v in DEFAULT_TIER_MAP.items()) + ")")
-    w.add_argument("--tier-fractions", metavar="TIER=F,...", help="random tier per request, e.g. chat=0.7,agent=0.3")
-    w.add_argument("--tiers", default="default",
-                   help=f"tier TOML file, or a shipped one: {', '.join(TIER_CONFIGS)} (default: default)")
-    w.add_argument("--rps", type=_floats, metavar="R1,R2,...",
-                   help="offered loads, req/s: arrival times scaled so the replayed window (--duration, else the "
-                        "whole trace) offers each rate on average (default: as recorded)")
-    w.add_argument("--duration", type=float, metavar="S", help="replay the first S seconds of each load (default: all)")
-    w.add_argument("--seed", type=int, default=0, help="seed for synthetic traces, tier fractions and the simulator")
+    add_load_arguments(p.add_argument_group("workload"), tiers_default="default",
+                       tiers_help=f"tier TOML file, or a shipped one: {', '.join(TIER_CONFIGS)} (default: default)",
+                       loads_required=False)
     c = p.add_argument_group("cluster")
     add_profile_arguments(p)
     c.add_argument("--gpus", type=int, default=8)
@@ -72,14 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     lv = p.add_argument_group("live replay (--live)")
     lv.add_argument("--live", metavar="URL", help="replay against this running server (e.g. http://127.0.0.1:8000/v1) "
                     "instead of the simulator; --tiers must be the server's (API keys)")
-    lv.add_argument("--max-prompt-tokens", type=int, metavar="N", help="cap prompt lengths (recorded in the report)")
-    lv.add_argument("--max-output-tokens", type=int, metavar="N", help="cap output lengths (recorded in the report)")
-    lv.add_argument("--first-token-timeout", type=float, default=Limits.first_token_s, metavar="S",
-                    help="fail a request with no first token S seconds after sending (default %(default)s)")
-    lv.add_argument("--stall-timeout", type=float, default=Limits.stall_s, metavar="S",
-                    help="fail a stream silent for S seconds (default %(default)s)")
-    lv.add_argument("--request-timeout", type=float, default=Limits.total_s, metavar="S",
-                    help="fail a request not finished S seconds after sending (default %(default)s)")
+    add_length_cap_arguments(lv)
+    add_client_limit_arguments(lv)
     lv.add_argument("--tokenizer", metavar="MODEL", help="embedded model name or model directory whose tokenizer "
                     "makes the prompts (default: the served model's name)")
     lv.add_argument("--served-model", metavar="NAME", help="model to request when the server lists several")
@@ -105,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         profile=load_profile(args, default_gpu="h100", default_model="llama-3.1-8b"),
         gpus=args.gpus,
         out=args.out,
-        tier_rule=TierRule.parse(args.tier_map, args.tier_fractions),
+        tier_rule=tier_rule(args),
         policies=args.policies,
         rps=args.rps,
         duration_s=args.duration,
@@ -146,13 +122,12 @@ def run_live(args: argparse.Namespace) -> int:
         traces=args.trace,
         tiers_path=resolve_tiers(args.tiers),
         out=args.out,
-        tier_rule=TierRule.parse(args.tier_map, args.tier_fractions),
+        tier_rule=tier_rule(args),
         rps=args.rps,
         duration_s=args.duration,
         seed=args.seed,
-        caps=LengthCaps(args.max_prompt_tokens, args.max_output_tokens),
-        limits=Limits(first_token_s=args.first_token_timeout, stall_s=args.stall_timeout,
-                      total_s=args.request_timeout),
+        caps=length_caps(args),
+        limits=client_limits(args),
         tokenizer=args.tokenizer,
         served_model=args.served_model,
         api_keys=parse_api_keys(args.api_key),

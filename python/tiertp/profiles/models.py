@@ -13,16 +13,15 @@ from dataclasses import dataclass
 BYTES_PER_PARAM = 2  # bf16 weights and KV cache
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder-only transformer, as far as its kernel shapes go.
+@dataclass(frozen=True, kw_only=True)
+class DecoderShape:
+    """A decoder-only transformer, as far as its kernel shapes go: the one
+    definition of those fields, shared by `ModelShape` (the default tables'
+    models) and tiertp.weights.llama_plan.LlamaShape (a checkpoint's storage plan).
 
-    Invariants: heads and kv_heads divide evenly at every TP level used
-    (checked by `tp_ok`); head_dim * heads need not equal hidden.
+    head_dim * heads need not equal hidden.
     """
 
-    name: str
-    hf_id: str
     layers: int
     hidden: int
     heads: int
@@ -30,8 +29,24 @@ class ModelShape:
     head_dim: int
     intermediate: int
     vocab: int
-    qkv_bias: bool = False
-    aliases: tuple[str, ...] = ()
+
+    @staticmethod
+    def fields_from_config(cfg: dict) -> dict[str, int]:
+        """These fields from a Hugging Face ``config.json`` (as a dict).
+
+        kv_heads defaults to heads (no GQA) and head_dim to hidden / heads,
+        as transformers does when the config leaves them out.
+        """
+        heads = int(cfg["num_attention_heads"])
+        return {
+            "layers": int(cfg["num_hidden_layers"]),
+            "hidden": int(cfg["hidden_size"]),
+            "heads": heads,
+            "kv_heads": int(cfg.get("num_key_value_heads") or heads),
+            "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+            "intermediate": int(cfg["intermediate_size"]),
+            "vocab": int(cfg["vocab_size"]),
+        }
 
     @property
     def q_dim(self) -> int:
@@ -40,6 +55,24 @@ class ModelShape:
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
+
+    def tp_ok(self, tp: int) -> bool:
+        """Attention heads and KV heads split evenly over `tp` GPUs."""
+        return self.heads % tp == 0 and self.kv_heads % tp == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelShape(DecoderShape):
+    """A named model of the default tables (Llama/Qwen2 decoder, untied).
+
+    Invariant: heads and kv_heads divide evenly at every TP level used
+    (checked by `tp_ok`).
+    """
+
+    name: str
+    hf_id: str
+    qkv_bias: bool = False
+    aliases: tuple[str, ...] = ()
 
     @property
     def params(self) -> int:
@@ -62,10 +95,6 @@ class ModelShape:
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes per token: all layers, all KV heads, K and V."""
         return self.layers * 2 * self.kv_dim * BYTES_PER_PARAM
-
-    def tp_ok(self, tp: int) -> bool:
-        """Attention heads and KV heads split evenly over `tp` GPUs."""
-        return self.heads % tp == 0 and self.kv_heads % tp == 0
 
     def describe(self) -> dict[str, object]:
         """The shape as recorded in a profile's provenance."""

@@ -39,6 +39,7 @@ import statistics
 import time
 
 from tiertp.engine import sglang_compat
+from tiertp.engine.isolated import run_rank_processes
 from tiertp.profiling.checkpoint import append_record
 from tiertp.profiling.grid import DECODE, PREFILL, Cell, Grid, prompt_lengths
 
@@ -57,8 +58,6 @@ def measure_level(job: dict) -> dict:
     if device == "cuda":
         sglang_compat.check_cuda_available()
     sglang_compat.apply(device, tp, job.get("cores_per_rank"))
-    import multiprocessing
-
     from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.entrypoints.engine import _set_envs_and_config
     from sglang.srt.model_executor.cuda_graph_config import Phase
@@ -82,15 +81,7 @@ def measure_level(job: dict) -> dict:
     if tp == 1:
         _rank_main(server_args, port_args, job, 0, 0)
     else:
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_rank_main, args=(server_args, port_args, job, r, r)) for r in range(tp)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"TP{tp} measurement: rank processes failed (rank, exit code): {failed}")
+        run_rank_processes(_rank_main, [(server_args, port_args, job, r, r) for r in range(tp)], f"TP{tp} measurement")
     return {"measured": len(job["cells"])}
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiertp.profiles.models import DecoderShape
 from tiertp.weights.checkpoint import Checkpoint
 from tiertp.weights.errors import UnsupportedLevel, UnsupportedModel
 from tiertp.weights.interleave import block_count, interleave
@@ -29,17 +30,12 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 
 
-@dataclass(frozen=True)
-class LlamaShape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    attention_bias: bool
+@dataclass(frozen=True, kw_only=True)
+class LlamaShape(DecoderShape):
+    """A Llama checkpoint's shape: the decoder's, plus what its storage plan depends on."""
+
+    tied: bool  # no lm_head.weight: SGLang's lm_head is embed_tokens
+    attention_bias: bool  # q/k/v and o_proj biases
 
     @classmethod
     def from_config(cls, cfg: dict) -> LlamaShape:
@@ -55,15 +51,8 @@ class LlamaShape:
             raise UnsupportedModel(f"hidden_act {cfg.get('hidden_act')!r}: SGLang's LlamaMLP supports only silu")
         if cfg.get("quantization_config"):
             raise UnsupportedModel("quantized checkpoints are not supported by the shared weight store")
-        heads = int(cfg["num_attention_heads"])
         return cls(
-            layers=int(cfg["num_hidden_layers"]),
-            hidden=int(cfg["hidden_size"]),
-            heads=heads,
-            kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
-            intermediate=int(cfg["intermediate_size"]),
-            vocab=int(cfg["vocab_size"]),
+            **cls.fields_from_config(cfg),
             tied=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", False) or cfg.get("bias", False)),
         )
@@ -100,7 +89,7 @@ def plan(cfg: dict, levels) -> tuple[str, int, list[Planned]]:
     shape = LlamaShape.from_config(cfg)
     blocks = block_count(levels)
     shape.check_levels(levels, blocks)
-    q_rows, kv_rows = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    q_rows, kv_rows = shape.q_dim, shape.kv_dim
     qkv_parts = (q_rows // blocks, kv_rows // blocks, kv_rows // blocks)
     gate_up_parts = (shape.intermediate // blocks,) * 2
     h = shape.hidden

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from tiertp.engine import sglang_compat
+from tiertp.engine.isolated import run_rank_processes
 from tiertp.engine.models import resolve_model
 
 
@@ -31,8 +32,6 @@ def compare_level(job: dict) -> dict:
     tp = int(job["tp"])
     model_dir = str(resolve_model(job["model"]))
     sglang_compat.apply("cpu", tp)
-    import multiprocessing
-
     from sglang.srt.entrypoints.engine import _set_envs_and_config
     from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -48,16 +47,8 @@ def compare_level(job: dict) -> dict:
 
     with create_store(model_dir, job["levels"], device="cpu", dtype=kwargs["dtype"]) as store, \
             tempfile.TemporaryDirectory(prefix="tiertp-weights-verify-") as out:
-        ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=_rank_main, args=(server_args, port_args, store.handle, job, r, out))
-                 for r in range(tp)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"TP{tp} weight check: rank processes failed (rank, exit code): {failed}")
+        run_rank_processes(_rank_main, [(server_args, port_args, store.handle, job, r, out) for r in range(tp)],
+                           f"TP{tp} weight check")
         ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(tp)]
     return {"tp": tp, "levels": list(job["levels"]), "blocks": store.layout.blocks,
             "store_bytes": store.layout.nbytes, **ranks[0]["outputs"], "ranks": [r["bind"] for r in ranks]}

@@ -46,23 +46,13 @@ async fn a_dead_worker_leaves_no_request_hanging() {
     let (gw, mut w) = start(&[slow, slow]).await;
     let addr = gw.addr;
     let reqs: Vec<_> = (0..6)
-        .map(|_| {
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/completions",
-                    json!({"model": "tiny", "prompt": "hello", "max_tokens": 50}),
-                )
-                .await
-            })
-        })
+        .map(|_| tokio::spawn(async move { post(addr, "/v1/completions", completion(50)).await }))
         .collect();
     // Once requests are running, the first worker dies.
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while w[0].counters().submits.load(Ordering::Relaxed) == 0 {
-        assert!(tokio::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for("a request on the first worker", || async {
+        (w[0].counters().submits.load(Ordering::Relaxed) > 0).then_some(())
+    })
+    .await;
     w[0].kill();
     let mut failed = 0;
     for r in reqs {
@@ -87,12 +77,7 @@ async fn a_dead_worker_leaves_no_request_hanging() {
         .unwrap();
     assert!(failed + redispatched > 0, "no request was on the dead worker");
     // New requests go to the live worker.
-    let r = post(
-        gw.addr,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "hello", "max_tokens": 2}),
-    )
-    .await;
+    let r = post(gw.addr, "/v1/completions", completion(2)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
@@ -100,18 +85,13 @@ async fn a_dead_worker_leaves_no_request_hanging() {
 async fn no_live_worker_gives_503() {
     let (gw, mut w) = start(&[MockConfig::default()]).await;
     w[0].kill();
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while call(gw.addr, "/health", None, None, &[]).await.status == StatusCode::OK {
-        assert!(tokio::time::Instant::now() < deadline, "the gateway never noticed the dead worker");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("the gateway to notice the dead worker", || async {
+        (call(gw.addr, "/health", None, None, &[]).await.status != StatusCode::OK).then_some(())
+    })
+    .await;
     let r = post(gw.addr, "/v1/completions", json!({"model": "tiny", "prompt": "hello"})).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "no_capacity");
-}
-
-fn completion(max_tokens: u32) -> serde_json::Value {
-    json!({"model": "tiny", "prompt": "hello", "max_tokens": max_tokens})
 }
 
 /// Whether the gateway's current plan has reached a mock: the mock applied

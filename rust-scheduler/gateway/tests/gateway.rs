@@ -68,11 +68,7 @@ async fn stop_strings_cut_the_text() {
     assert_eq!(v["choices"][0]["text"], "one two ");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     // The worker was still generating: the gateway cancelled it.
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while w[0].counters().cancels.load(Ordering::Relaxed) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the worker never got a cancel");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_cancel(&w[0]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,9 +169,9 @@ async fn info_endpoints() {
     assert_eq!(models["data"][0]["id"], "tiny");
     let health = call(gw.addr, "/health", None, None, &[]).await;
     assert_eq!(health.status, StatusCode::OK);
-    let plan = call(gw.addr, "/v1/plan", None, None, &[]).await.json();
-    assert_eq!(plan["num_gpus"], 2);
-    assert!(!plan["groups"].as_array().unwrap().is_empty());
+    let p = plan(gw.addr).await;
+    assert_eq!(p["num_gpus"], 2);
+    assert!(!p["groups"].as_array().unwrap().is_empty());
     let m = call(gw.addr, "/metrics", None, None, &[]).await.body;
     for needle in [
         "tiertp_arrivals_total{tier=\"chat\"} 1",
@@ -220,18 +216,9 @@ async fn client_disconnect_cancels_on_the_worker() {
     drop(body);
     drop(tx);
     conn.abort();
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while w[0].counters().cancels.load(Ordering::Relaxed) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the worker never got a cancel");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_cancel(&w[0]).await;
     // Its slot and bandwidth came back.
-    let r = post(
-        gw.addr,
-        "/v1/completions",
-        json!({"model": "tiny", "prompt": "hello", "max_tokens": 2}),
-    )
-    .await;
+    let r = post(gw.addr, "/v1/completions", completion(2)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
@@ -246,18 +233,14 @@ async fn silent_worker_gives_504() {
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "timeout");
     // The timed-out request was cancelled on its worker.
-    let deadline = tokio::time::Instant::now() + BOUND;
-    while w[0].counters().cancels.load(Ordering::Relaxed) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the worker never got a cancel");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_cancel(&w[0]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tier_over_its_rate_gives_429_with_retry_after() {
     // One request per minute for chat: the second is refused, for seconds.
     let (gw, _w) = start_with(&[MockConfig::default()], |c| c.tiers = limited_tiers("max_requests_per_minute = 1")).await;
-    let body = json!({"model": "tiny", "prompt": "hello", "max_tokens": 2});
+    let body = completion(2);
     assert_eq!(post(gw.addr, "/v1/completions", body.clone()).await.status, StatusCode::OK);
     let r = post(gw.addr, "/v1/completions", body.clone()).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.body);

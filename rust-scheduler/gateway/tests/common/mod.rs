@@ -5,13 +5,14 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::{HeaderMap, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
+use serde_json::{json, Value};
 use tiertp_gateway::config::{GatewayConfig, TokenizerSource, WorkerSpec};
 use tiertp_gateway::server::{run_gateway, GatewayHandle};
 use tiertp_gateway::worker::mock::{MockConfig, MockWorker};
@@ -114,6 +115,11 @@ pub async fn post(addr: SocketAddr, path: &str, body: Value) -> Reply {
     call(addr, path, Some("sk-chat"), Some(body.to_string()), &[]).await
 }
 
+/// A `/v1/completions` body: `max_tokens` tokens after the prompt "hello".
+pub fn completion(max_tokens: u32) -> Value {
+    json!({"model": "tiny", "prompt": "hello", "max_tokens": max_tokens})
+}
+
 /// The `data:` payloads of an SSE body.
 pub fn sse_data(body: &str) -> Vec<String> {
     body.lines()
@@ -136,6 +142,14 @@ where
         assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until the gateway has cancelled at least one request on `w`.
+pub async fn wait_for_cancel(w: &MockWorker) {
+    wait_for("a cancel at the worker", || async {
+        (w.counters().cancels.load(Ordering::Relaxed) > 0).then_some(())
+    })
+    .await;
 }
 
 /// The plan (`/v1/plan`).

@@ -1,0 +1,18 @@
+"""tiertp.engine.isolated.run_rank_processes: one process per rank, failures named."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tiertp.engine.isolated import run_rank_processes
+
+
+def test_all_ranks_succeeding_returns():
+    run_rank_processes(os._exit, [(0,), (0,)], "TP2 check")
+
+
+def test_failed_ranks_are_named_with_their_exit_codes():
+    with pytest.raises(RuntimeError, match=r"TP4 check: rank processes failed \(rank, exit code\): \[\(1, 3\), \(3, 5\)\]"):
+        run_rank_processes(os._exit, [(0,), (3,), (0,), (5,)], "TP4 check")
