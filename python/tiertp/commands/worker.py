@@ -1,8 +1,10 @@
 """`tiertp worker`: the node agent (docs/worker-protocol.md).
 
-Binds a ZeroMQ ROUTER socket, starts one execution process per device (SGLang
-on CPU: N logical devices), serves submit/cancel/apply_plan/stats/ping until
-SIGINT or SIGTERM, then stops every process it started.
+Binds a ZeroMQ ROUTER socket, starts one execution process per aligned TP
+group at every candidate TP level (SGLang on CPU: N logical devices; with
+several levels a device's processes share one weight copy), serves
+submit/cancel/apply_plan/stats/ping until SIGINT or SIGTERM (a plan that
+changes TP groups is a TP switch), then stops every process it started.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"(default {_DEFAULTS.model})")
     p.add_argument("--devices", type=int, default=_DEFAULTS.devices, help="logical devices on CPU")
     p.add_argument("--tp-levels", type=_levels, default=_DEFAULTS.tp_levels,
-                   help="candidate TP levels, e.g. 1,2,4 (only TP 1 processes are started for now)")
+                   help="candidate TP levels, e.g. 1,2,4: a warm process per aligned group at each level, "
+                        "sharing one weight copy per device; plans switch between them")
     p.add_argument("--max-total-tokens", type=int, default=_DEFAULTS.max_total_tokens,
                    help="KV slots per execution process")
     p.add_argument("--batch-cap", type=int, default=_DEFAULTS.batch_cap, help="requests per iteration until a plan")

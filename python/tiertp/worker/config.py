@@ -15,9 +15,8 @@ from pathlib import Path
 class AgentConfig:
     """Settings of one node agent.
 
-    `tp_levels` are the candidate TP levels; warm processes run only at TP 1
-    for now (see tiertp.worker.agent for what TP switching still needs).
-    Times are seconds.
+    `tp_levels` are the candidate TP levels: a warm process runs for every
+    aligned group at each (tiertp.worker.agent). Times are seconds.
     """
 
     model: str = "tiny-llama"
