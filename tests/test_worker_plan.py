@@ -147,3 +147,11 @@ def test_request_table_ends_each_request_once():
     assert table.finish(req.rid) is req
     assert table.finish(req.rid) is None
     assert table.lookup(b"client-a", 7) is None and table.lookup(b"client-b", 7) is other
+
+
+def test_tp_levels_the_models_heads_cannot_split_are_refused_at_start():
+    from tiertp.worker.config import check_model_fits_tp_levels
+
+    check_model_fits_tp_levels("tiny-llama", (1, 2, 4))
+    with pytest.raises(ValueError, match=r"9 attention heads and 3 KV heads.*TP 2 \(levels that fit: \[1, 3\]\)"):
+        check_model_fits_tp_levels("smollm2-135m", (1, 2))

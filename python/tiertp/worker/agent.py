@@ -40,7 +40,7 @@ from collections import defaultdict
 import zmq
 
 from tiertp.worker import protocol as P
-from tiertp.worker.config import AgentConfig
+from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 from tiertp.worker.groups import TpGroup, aligned_groups
 from tiertp.worker.layout_change import layout_changes
 from tiertp.worker.messages import ApplyPlan, Submit, parse_apply_plan, parse_cancel, parse_submit
@@ -63,6 +63,7 @@ class Agent:
     and always stops every execution process before returning."""
 
     def __init__(self, cfg: AgentConfig):
+        check_model_fits_tp_levels(cfg.model, cfg.tp_levels)
         self.cfg = cfg
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)

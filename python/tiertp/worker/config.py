@@ -65,3 +65,19 @@ class AgentConfig:
 
     def resolved_log_dir(self) -> Path:
         return self.log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"tiertp-worker-{os.getpid()}"
+
+
+def check_model_fits_tp_levels(model: str, tp_levels: tuple[int, ...]) -> None:
+    """ValueError unless the model's attention and KV heads split evenly at
+    every level (a TP process of another level could never start)."""
+    from tiertp.engine.models import resolve_model
+    from tiertp.profiles.models import DecoderShape
+    from tiertp.weights.checkpoint import read_config
+
+    shape = DecoderShape(**DecoderShape.fields_from_config(read_config(resolve_model(model))))
+    bad = [t for t in tp_levels if not shape.tp_ok(t)]
+    if bad:
+        fits = [t for t in (1, 2, 3, 4, 6, 8) if shape.tp_ok(t)]
+        raise ValueError(f"--tp-levels {','.join(map(str, tp_levels))}: model {model!r} has {shape.heads} attention "
+                         f"heads and {shape.kv_heads} KV heads, which do not split evenly over TP "
+                         f"{', '.join(map(str, bad))} (levels that fit: {fits})")
