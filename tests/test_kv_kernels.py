@@ -102,3 +102,55 @@ def test_native_twin_builds_on_first_use(tmp_path, monkeypatch):
         assert len(list((tmp_path / "native").glob("kv_migrate_cpu-*.so"))) == 1
     finally:
         cpu_kernels.load_library.cache_clear()
+
+
+def _runs(rng, starts_from: int, lengths: list[int]) -> list[int]:
+    """Page ids in runs of consecutive ids of the given lengths, runs apart."""
+    ids, at = [], starts_from
+    for n in lengths:
+        ids += list(range(at, at + n))
+        at += n + rng.randint(1, 5)
+    return ids
+
+
+@pytest.mark.parametrize("whole", ["destination", "source"])
+@pytest.mark.parametrize("seed", range(6))
+def test_copy_pages_matches_gather_then_scatter(whole, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dtype = rng.choice([torch.bfloat16, torch.float32, torch.uint8])
+    layers, dim, ps, hc = rng.randint(1, 3), rng.choice([1, 8]), rng.choice([1, 4]), rng.choice([1, 2, 4])
+    wide = hc * rng.choice([1, 2, 4])  # the other side holds these heads
+    n = rng.randint(32, 60)
+    src_heads, dst_heads = (wide, hc) if whole == "destination" else (hc, wide)
+    src_start = rng.randrange(wide - hc + 1) if whole == "destination" else 0
+    dst_start = 0 if whole == "destination" else rng.randrange(wide - hc + 1)
+    ordered = _runs(rng, 1, [n - n // 2, n // 2])  # the whole-rows side comes in two runs
+    shuffled = rng.sample(range(1, 200), n)
+    src_ids, dst_ids = (shuffled, ordered) if whole == "destination" else (ordered, shuffled)
+    sk, sv = _pool(gen, layers, 200 * ps, src_heads, dim, dtype)
+    dk, dv = _pool(gen, layers, 200 * ps, dst_heads, dim, dtype)
+    want_k, want_v = [t.clone() for t in dk], [t.clone() for t in dv]
+    staging = torch.empty(layers, 2, n, ps, hc, dim, dtype=dtype)
+    ReferenceKernels().gather(sk, sv, torch.tensor(src_ids), ps, src_start, staging)
+    ReferenceKernels().scatter(want_k, want_v, torch.tensor(dst_ids), ps, dst_start, staging)
+    assert CpuKernels().copy_pages((sk, sv), torch.tensor(src_ids), src_start, (dk, dv), torch.tensor(dst_ids),
+                                   dst_start, hc, ps)
+    for a, b in zip(want_k + want_v, dk + dv):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_copy_pages_declines_what_it_cannot_do_in_one_pass_and_writes_nothing():
+    gen = torch.Generator().manual_seed(3)
+    sk, sv = _pool(gen, 2, 64, 4, 8, torch.float32)
+    dk, dv = _pool(gen, 2, 64, 4, 8, torch.float32)
+    before = [t.clone() for t in dk + dv]
+    ids = torch.arange(1, 33)
+    scattered = torch.tensor(random.Random(3).sample(range(1, 64), 32))
+    kernels = CpuKernels()
+    # Neither side's rows are whole (2 of 4 heads): staging needed.
+    assert not kernels.copy_pages((sk, sv), ids, 0, (dk, dv), ids, 2, 2, 1)
+    # Whole rows, but in runs of one page: a call per page costs more than staging.
+    assert not kernels.copy_pages((sk, sv), scattered, 0, (dk, dv), scattered, 0, 4, 1)
+    assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(before, dk + dv))
+    assert TorchKernels().copy_pages((sk, sv), ids, 0, (dk, dv), ids, 0, 4, 1) is False  # the default

@@ -49,7 +49,7 @@ def _random_scenario(seed: int, transport: str) -> Scenario:
     reqs = assign_destinations(old, new, reqs)
     return Scenario(shape, old, new, reqs, seed=seed, default_pages=pages,
                     chunk_bytes=rng.choice([1, 256, 4096, 1 << 20]), slots=rng.choice([1, 2, 2]),
-                    transport=transport)
+                    transport=transport, share_old=rng.random() < 0.5)
 
 
 def _full_kv(sc: Scenario, layout: Layout, group_of: dict, side: str, res: dict) -> dict:
@@ -88,6 +88,9 @@ def _check_migrated(sc: Scenario, res: dict) -> None:
         assert sent == want
         assert r["bytes_received"] == {s: plan.bytes_between(s, gpu) for s, d in plan.remote_pairs() if d == gpu}
         assert r["bytes_local"] == plan.bytes_between(gpu, gpu)
+    # Shared old pools are pulled by shm receivers (every remote pair); anything else streams.
+    pulled = set(plan.remote_pairs()) if sc.share_old and sc.transport == "shm" else set()
+    assert all(r["pulled"] == pulled for r in res.values() if r["aborted"] is None)
     # Ranks of one new group allocate the same requests in the same order: same page tables.
     for g in sc.new.groups:
         tables = [res[gpu]["pages"] for gpu in g.gpus]

@@ -71,6 +71,8 @@ def test_switching_1_2_4_1_mid_generation_keeps_greedy_output(store):
         first = coord.switch([(tp1, list(outputs))], tp2)
         assert set(first.moved) == {0, 1} and first.metadata_only == (2,)
         assert first.bytes_between > 0 and first.stop_ms > 0
+        # On CPU the TP2 ranks copy the KV straight out of the TP1 rank's pool (shared at its first switch).
+        assert first.bytes_pulled == first.bytes_between
         assert tp1.paused and not tp2.paused
         assert tp1.stats().kv_used_slots == 0  # the source released everything
 
@@ -78,7 +80,7 @@ def test_switching_1_2_4_1_mid_generation_keeps_greedy_output(store):
         [half] = [s for s in tp2.export([2])]
         assert 0 < half.kv_len < len(PROMPTS[2])  # mid-prefill: moves with its KV
         second = coord.switch([(tp2, list(outputs))], tp4)
-        assert set(second.moved) == {0, 1, 2}
+        assert set(second.moved) == {0, 1, 2} and second.bytes_pulled == second.bytes_between > 0
 
         _iterate(tp4, outputs, 3)
         coord.switch([(tp4, list(outputs))], tp1)  # back to TP1 (the first instance, reused)

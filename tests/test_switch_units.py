@@ -61,7 +61,7 @@ def test_staging_chunks_shrink_for_small_migrations():
 def _fake(tp: int, devices, model="tiny-llama", started=True):
     geo = KVGeometry(2, 8, 8 // tp, 32, 257, "float32")
     info = InstanceInfo(tp, 10, 64, 256, 8, (2,), geo) if started else None
-    return SimpleNamespace(spec=SimpleNamespace(tp=tp, devices=tuple(devices), model=model), info=info, _closed=False,
+    return SimpleNamespace(spec=SimpleNamespace(tp=tp, devices=tuple(devices), model=model), info=info, closed=False,
                            paused=False)
 
 
@@ -93,3 +93,26 @@ def test_weight_store_handle_per_device():
     assert handle_for({0: "h0", 1: "h1"}, 1) == "h1"
     with pytest.raises(ValueError, match="no weight store for device 2"):
         handle_for({0: "h0"}, 2)
+
+
+def test_destination_ranks_agree_on_slots_by_digest():
+    from tiertp.switching.rank_migrate import pages_digest
+
+    a = {"m0": [5, 6, 7], "m1": [9]}
+    assert pages_digest(a) == pages_digest({"m1": [9], "m0": [5, 6, 7]})  # order of requests does not matter
+    assert pages_digest(a) != pages_digest({"m0": [5, 6, 8], "m1": [9]})
+    assert pages_digest(a) != pages_digest({"m0": [5, 6], "m1": [7, 9]})
+
+
+def test_rollback_frees_what_the_rank_reserved_for_that_switch_and_still_holds():
+    from tiertp.switching import rank_migrate
+
+    freed = []
+    reserved = torch.zeros(16, dtype=torch.bool)
+    reserved[[3, 4, 5, 9]] = True  # slot 6 was already freed (say, by the rank's own failed migration)
+    handle = SimpleNamespace(kv=SimpleNamespace(reserved=reserved, free_reserved=freed.extend))
+    rank_migrate._reserved["switch-x"] = [3, 4, 5, 6]
+    rank_migrate.free_reserved(handle, "switch-x")
+    assert freed == [3, 4, 5] and "switch-x" not in rank_migrate._reserved
+    rank_migrate.free_reserved(handle, "switch-x")  # twice, or a switch this rank took no slots for: nothing
+    assert freed == [3, 4, 5]

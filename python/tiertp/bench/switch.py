@@ -12,7 +12,9 @@ tiertp.switching.SwitchCoordinator (timed: the coordinator's pause -> resume
 median reported (every round listed). 0 tokens is a switch with no running
 request. `restart_ms` is starting a fresh TpInstance at --to-tp until it is
 ready (what a switch by restarting the engine would cost), measured after
-the warm instances are closed.
+the warm instances are closed. `moved.bytes_pulled`: the part of the KV the
+destination ranks copied straight out of the source's pool (all of it when
+its pool is in shared memory, as `warm` arranges on CPU).
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def run(args) -> dict:
             stop[key] = [round(r.stop_ms, 3) for r in samples]
             mid = sorted(samples, key=lambda r: r.stop_ms)[len(samples) // 2]
             parts[key] = {k: round(v, 3) for k, v in mid.parts_ms.items()}
-            moved[key] = {"kv_tokens": mid.kv_tokens, "bytes_between": mid.bytes_between}
+            moved[key] = {"kv_tokens": mid.kv_tokens, "bytes_between": mid.bytes_between,
+                          "bytes_pulled": mid.bytes_pulled}
     with _stdout_to_stderr():
         start = time.perf_counter()
         with TpInstance(spec(args.to_tp)) as fresh:

@@ -13,12 +13,16 @@ SGLang's code; it only chooses settings SGLang already supports:
   importing vllm's rotary embedding), ``TORCHDYNAMO_DISABLE=1`` (else the
   first forward at TP>1 compiles for 20-30 s), ``SGLANG_CPU_OMP_THREADS_BIND``
   (one core group per TP rank; required for TP>1), ``OMP_NUM_THREADS`` (cores
-  per rank, so ranks do not oversubscribe more than they must), and
+  per rank, so ranks do not oversubscribe more than they must; `apply` also
+  sets torch's thread count, since libgomp ignores the variable once torch is
+  loaded), and
   ``SGLANG_NCCL_SO_PATH`` pointed at a path that does not exist: the PyPI torch
   brings libnccl, and SGLang would otherwise build a NCCL communicator for the
   CPU TP group and fail (``Expected a cuda device, but got: cpu``); with no
   loadable NCCL it falls back to gloo, as on a real CPU host.
 - engine arguments that work on CPU (`engine_kwargs`).
+- pinning: SGLang binds a rank to its core group only with the real CPU
+  sgl_kernel, so a rank process pins itself (tiertp.engine.cpu_pinning).
 
 SGLang's plugin mechanism (entry points ``sglang.srt.plugins``, the hook
 registry) would be the supported way to patch code, but nothing here needs a
@@ -34,6 +38,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+from tiertp.engine.cpu_pinning import BIND_ENV, set_intra_op_threads
 
 # The one list of devices an engine can run on.
 DEVICES = ("cpu", "cuda")
@@ -109,7 +115,7 @@ def process_env(device: str, tp_size: int, cores_per_rank: int | None = None,
     return {
         "SGLANG_USE_CPU_ENGINE": "1",
         "TORCHDYNAMO_DISABLE": "1",
-        "SGLANG_CPU_OMP_THREADS_BIND": cpu_threads_bind(tp_size, cores_per_rank=cores_per_rank, devices=devices),
+        BIND_ENV: cpu_threads_bind(tp_size, cores_per_rank=cores_per_rank, devices=devices),
         "OMP_NUM_THREADS": str(threads_per_rank(tp_size, cores_per_rank)),
         "SGLANG_NCCL_SO_PATH": _NO_NCCL,
         "PYTHONPATH": os.pathsep.join(p for p in (str(STUB_DIR), os.environ.get("PYTHONPATH", "")) if p),
@@ -121,12 +127,14 @@ def apply(device: str, tp_size: int, cores_per_rank: int | None = None,
     """Prepare this process to create an SGLang engine on `device` at `tp_size`.
 
     Must run before the first `import sglang`. Sets the environment (inherited
-    by SGLang's spawned processes) and, on CPU, puts the sgl_kernel stand-in
-    on sys.path.
+    by SGLang's spawned processes) and, on CPU, this process's torch thread
+    count (OMP_NUM_THREADS) and the sgl_kernel stand-in on sys.path. It does
+    not pin: a rank process calls tiertp.engine.cpu_pinning.bind_rank.
     """
     env = process_env(device, tp_size, cores_per_rank, devices)
     os.environ.update(env)
     if device == "cpu":
+        set_intra_op_threads(int(env["OMP_NUM_THREADS"]))
         if "sglang" in sys.modules:
             # SGLang caches is_cpu() and its sgl_kernel imports at import time.
             raise RuntimeError("tiertp.engine.sglang_compat.apply() must run before sglang is imported")

@@ -184,6 +184,10 @@ class TpInstance:
     def stats(self) -> InstanceStats:
         return self._command("stats", None)
 
+    def set_prefill_chunk(self, tokens: int | None) -> None:
+        """Most prompt tokens prefilled per iteration from now on (None: whole prompts)."""
+        self._command("set_prefill_chunk", tokens)
+
     def call_on_ranks(self, target: str, arg: Any = None, timeout_s: float | None = None) -> list:
         """Run "module:function" on every rank as function(RankHandle, arg);
         the results in rank order. RankCallFailed if it raised on any rank."""

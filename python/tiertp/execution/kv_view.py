@@ -82,6 +82,24 @@ def kv_pool_of(handle):
     return view
 
 
+def share_kv_pool(handle):
+    """Move this rank's KV buffers into shared memory (once; in place, see
+    tiertp.kv.shared_pool), so a switch's receivers copy straight out of
+    them. SGLang caches the buffers' addresses (for its slot-move kernels):
+    they are recomputed. The pool's export, or None where it cannot be
+    shared (GPU pools; a too small /dev/shm): migrations then stage."""
+    from tiertp.kv.shared_pool import share_pool
+
+    view = handle.kv_pool()
+    was_shared = view.shared is not None
+    export = share_pool(view)
+    if export is not None and not was_shared:
+        refresh = getattr(handle.kv.kv_pool, "_init_data_ptrs_and_strides", None)
+        if refresh is not None:
+            refresh()
+    return export
+
+
 def describe(handle, _arg=None) -> dict:
     """A `Call` target: what a migration sees on this rank (for checks and logs):
     the KV heads held, the KV shape signature, the free slots, and whether the

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from tiertp.execution import ops
 from tiertp.execution.errors import CommandRejected, DuplicateRequest, KVOutOfSpace, UnknownRequest
 from tiertp.execution.rank_kv import RankKV
 from tiertp.execution.records import NewRequest, RequestId, RequestState, Sampling, TokenOut
 from tiertp.execution.sampling import Sampler
+from tiertp.kv.ids import id_tensor
 
 
 @dataclass
@@ -47,6 +46,13 @@ class Leader:
         self.book: dict[RequestId, _Book] = {}
         self.sampler = Sampler()
 
+    def set_chunk(self, tokens: int | None) -> None:
+        """Most prompt tokens prefilled per iteration from now on (None: whole prompts).
+        The executor follows the plan's token cap with it, as the simulator does."""
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise CommandRejected(f"prefill chunk must be an int >= 1 or None, got {tokens!r}")
+        self.chunk = tokens
+
     # --- checks ---------------------------------------------------------
     def _known(self, rids, what: str) -> None:
         seen = set()
@@ -60,8 +66,9 @@ class Leader:
     def _check_tokens(self, rid: RequestId, token_ids, what: str) -> None:
         if not token_ids:
             raise CommandRejected(f"{what}: request {rid!r} has no tokens")
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
+        # min/max run in C; the list is scanned in Python only to name the culprits.
+        if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
+            bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
             raise CommandRejected(f"{what}: request {rid!r} has token ids outside the vocabulary "
                                   f"[0, {self.vocab_size}): {bad[:5]}")
         if len(token_ids) >= self.kv.row_len:
@@ -153,7 +160,7 @@ class Leader:
     def _check_reserved(self, slots, what: str) -> None:
         if not slots:
             return
-        ids = torch.tensor(slots, dtype=torch.int64)
+        ids = id_tensor(slots)
         if ids.unique().numel() != ids.numel():
             raise CommandRejected(f"{what}: slots listed twice")
         inside = (ids > 0) & (ids < self.kv.slot_rows)

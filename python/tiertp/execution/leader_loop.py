@@ -5,9 +5,10 @@ checked and planned by tiertp.execution.leader.Leader, broadcast to the
 followers, applied here, and answered. Replies: ("ready", InstanceInfo)
 once, then per command ("ok", value), ("rejected", CommandRejected) when it
 was refused with nothing changed, or ("call_failed", {rank: message}) when a
-`Call` target raised on some rank. An exception anywhere else (a forward
-that raised: the ranks may disagree from here on) ends the rank process,
-which first sends ("failed", message).
+`Call` target raised on some rank. `set_prefill_chunk` changes only the
+leader's planning (no operation reaches the followers). An exception
+anywhere else (a forward that raised: the ranks may disagree from here on)
+ends the rank process, which first sends ("failed", message).
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ class LeaderLoop:
         if errors:
             return ("call_failed", errors)
         return ("ok", [res[1] for res in results])
+
+    def _cmd_set_prefill_chunk(self, tokens):
+        self.leader.set_chunk(tokens)
+        return ("ok", None)
 
     def _cmd_stats(self, _):
         from tiertp.execution.records import InstanceStats

@@ -102,6 +102,12 @@ def rank_main(spec: InstanceSpec, model_path: str, rank: int, dist_port: int, co
         from tiertp.execution.rank_kv import RankKV
 
         runner, tokenizer, ctx = load_rank(spec, model_path, rank, dist_port)
+        if spec.device == "cpu":
+            # SGLang pins a CPU rank only with its native kernels; without this
+            # the ranks of different devices share every core (docs/fidelity.md).
+            from tiertp.engine.cpu_pinning import bind_rank
+
+            bind_rank(rank)
         handle = RankHandle(ctx, runner, RankKV(runner))
         if ctx.is_leader:
             from tiertp.execution.leader_loop import LeaderLoop

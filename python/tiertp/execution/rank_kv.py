@@ -31,6 +31,7 @@ from itertools import count
 import torch
 
 from tiertp.execution.records import RequestId
+from tiertp.kv.ids import id_tensor
 
 
 class RankKV:
@@ -103,7 +104,7 @@ class RankKV:
         if kv_len:
             [row] = self.req_to_token_pool.alloc_rows(1)
             req.kv.req_pool_idx = row
-            ids = torch.tensor(slots, dtype=torch.int64)
+            ids = id_tensor(slots)
             self.req_to_token_pool.write((row, slice(0, kv_len)), ids.to(torch.int32))
             req.kv.kv_allocated_len = req.kv.kv_committed_len = kv_len
             self.reserved[ids] = False
@@ -147,7 +148,7 @@ class RankKV:
     def free_reserved(self, slots) -> None:
         if not slots:
             return
-        ids = torch.tensor(slots, dtype=torch.int64)
+        ids = id_tensor(slots)
         self.reserved[ids] = False
         self.allocator.free(ids.to(self.allocator.device))
 

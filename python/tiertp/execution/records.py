@@ -6,6 +6,7 @@ uses ints); they must be unique among the requests an instance holds.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Hashable
 
@@ -80,8 +81,8 @@ class RequestState:
     sampling: Sampling
 
     def __post_init__(self):
-        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
-        object.__setattr__(self, "slots", tuple(int(s) for s in self.slots))
+        object.__setattr__(self, "token_ids", tuple(map(int, self.token_ids)))
+        object.__setattr__(self, "slots", tuple(map(int, self.slots)))
         if not 0 <= self.kv_len < len(self.token_ids):
             raise ValueError(f"request {self.rid!r}: kv_len {self.kv_len} outside [0, {len(self.token_ids) - 1}] "
                              f"for {len(self.token_ids)} tokens")
@@ -94,6 +95,18 @@ class RequestState:
     def generated(self) -> int:
         """Output tokens so far (the index of the next one, for seeded sampling)."""
         return len(self.token_ids) - self.prompt_len
+
+    def with_slots(self, slots) -> RequestState:
+        """This request with its KV in `slots` instead (another instance's,
+        after a migration). Only the slots are converted and checked: the
+        rest was when this state was made (a long request's tokens are tens
+        of thousands of ints)."""
+        slots = tuple(map(int, slots))
+        if len(slots) != self.kv_len:
+            raise ValueError(f"request {self.rid!r}: {len(slots)} slots for kv_len {self.kv_len}")
+        moved = copy.copy(self)
+        object.__setattr__(moved, "slots", slots)
+        return moved
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,13 @@ class InstanceStepRunner(StepRunner):
                 self._held.discard(rid)
                 self._to_release.append(rid)
 
+    def set_prefill_chunk(self, tokens: int | None) -> bool:
+        try:
+            self.instance.set_prefill_chunk(tokens)
+        except InstanceFailed as e:
+            raise RunnerDied(str(e)) from e
+        return True
+
     # --- switching (tiertp.worker.switch_ops) --------------------------
     def flush_releases(self) -> None:
         """Free released requests' KV now instead of with the next step."""

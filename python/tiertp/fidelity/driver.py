@@ -218,9 +218,18 @@ def _one_load(cfg: FidelityConfig, run: _Run, ctx: SimContext, session: LiveSess
                          "requests": len(load.trace), "length_caps": caps, "comparison": comparisons,
                          "live": live.live})
     head = (f"{load.offered_rps:.2f} req/s offered, {len(load.trace)} requests over {load.window_s:g} s: "
-            f"{live.live['completed']} completed, {live.live['failed']} failed live")
+            f"{live.live['completed']} completed, {live.live['failed']} failed live{_host_load(live.live)}")
     for p in sims:
         run.say(f"{head}\nsimulated {p} vs measured (predicted/measured (relative error)):\n{table(comparisons[p])}")
+
+
+def _host_load(live: dict) -> str:
+    """The host's load around the live run: the measured side includes whatever
+    else ran on these cores (the server and client alone account for about 2)."""
+    host = live.get("host_load_avg_1m")
+    if not host:
+        return ""
+    return f" (host load {host['before']:.1f} -> {host['after']:.1f} on {live.get('host_cpus')} cores)"
 
 
 def _config_doc(cfg: FidelityConfig, session: LiveSession, gpus: int, agent: AgentConfig, measured_profile: Path,

@@ -4,7 +4,9 @@ plan_migration turns (old layout, new layout, running requests) into moves;
 migrate runs them on one GPU's process: a handshake that allocates the new
 pages or aborts with nothing written, then double-buffered gather -> send ->
 scatter through a Transport (DistTransport: gloo/NCCL; ShmTransport: shared
-memory on one host), with the CUDA kernels or their CPU twin.
+memory on one host), with the CUDA kernels or their CPU twin. On one host, a
+receiver copies straight out of a sender's pool instead when its owner
+shared it (share_pool): one copy per byte, none of it by the sender.
 """
 
 from tiertp.kv.channel import RecvChannel, SendChannel, Transport
@@ -20,11 +22,13 @@ from tiertp.kv.plan import MigrationPlan, Move, RequestKV
 from tiertp.kv.planner import assign_destinations, plan_migration
 from tiertp.kv.pool import KVPool
 from tiertp.kv.shape import KVShape
+from tiertp.kv.shared_pool import PoolExport, share_pool
 from tiertp.kv.shm_transport import ShmTransport
 
 __all__ = [
     "ControlGroup", "DistTransport", "HeadRange", "KVKernels", "KVMigrationError", "KVPool", "KVShape", "Layout",
     "LayoutError", "MigrationAborted", "MigrationContext", "MigrationPlan", "MigrationResult", "Move",
-    "NoGPUError", "OutOfKVSpace", "RecvChannel", "RequestKV", "SendChannel", "ShmTransport", "StoreControlGroup", "TPGroup",
-    "TorchControlGroup", "Transport", "assign_destinations", "heads_of_rank", "kernels_for", "migrate", "plan_migration",
+    "NoGPUError", "OutOfKVSpace", "PoolExport", "RecvChannel", "RequestKV", "SendChannel", "ShmTransport",
+    "StoreControlGroup", "TPGroup", "TorchControlGroup", "Transport", "assign_destinations", "heads_of_rank",
+    "kernels_for", "migrate", "plan_migration", "share_pool",
 ]

@@ -5,16 +5,40 @@ a RecvChannel from each source. Each channel owns `slots` staging buffers
 (2 for double buffering: one filled while the other is in flight; 1 for
 send-and-wait). The executor gathers straight into a SendChannel's slot and
 scatters straight out of a RecvChannel's slot, so a transport that can share
-memory (ShmTransport) moves each byte with no extra copy.
+memory (ShmTransport) moves each byte with no extra copy. A transport may
+also let receivers read a sender's old pool directly (`offer` / `accept`,
+during the handshake): those pairs need no channel at all.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 import torch
 
 from tiertp.kv.context import MigrationContext
+from tiertp.kv.pool import KVPool
+
+
+@dataclass(frozen=True)
+class PeerPool:
+    """A sender's old pool as a receiver reads it: a KVPool view (read-only)
+    and the CPU cores the sender runs on (None: not known). The sender only
+    waits while its receivers copy, so its cores are free for that."""
+
+    pool: KVPool
+    cores: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Pulls:
+    """`pairs`: the (source, destination) pairs whose destination copies the
+    KV itself, straight out of the source's old pool (the same on every
+    participant). `pools`: on a destination, each such source's PeerPool."""
+
+    pairs: frozenset = frozenset()
+    pools: dict = field(default_factory=dict)
 
 
 class SendChannel(ABC):
@@ -59,6 +83,19 @@ class Transport(ABC):
     process of ctx.group calls it with matching sizes."""
 
     name: str
+
+    def offer(self, old_pool):
+        """What this participant offers its receivers before the migration
+        (picklable; None: nothing), e.g. a way to read its old pool. Sent
+        with the handshake's manifest."""
+        return None
+
+    def accept(self, ctx: MigrationContext, plan, offers: dict) -> dict:
+        """On a receiver, given every participant's offer (by GPU): the
+        senders whose KV it will pull itself, straight out of their old
+        pools, each with its PeerPool; those pairs skip the channels.
+        Default: none."""
+        return {}
 
     @abstractmethod
     def open(self, ctx: MigrationContext, sends: dict[int, list[int]], recvs: dict[int, list[int]],

@@ -54,9 +54,19 @@ def load_library() -> ctypes.CDLL:
     return dll
 
 
+# copy_pages makes one kernel call per run of consecutive pages and buffer:
+# shorter runs than this (on average) cost more in calls than staging does.
+_MIN_RUN_PAGES = 16
+
+
 class CpuKernels(KVKernels):
     """memcpy per contiguous run (one page of one layer's K or V when all
-    heads move, else one token's heads): close to memcpy bandwidth."""
+    heads move, else one token's heads): close to memcpy bandwidth.
+
+    `copy_pages` copies pool to pool in one pass when one side's rows are
+    whole (the pages carry all of that pool's heads) and its pages come in
+    runs of consecutive ids: a run is then one contiguous block, the
+    "staging" of a gather (or scatter) of the other side's pages."""
 
     name = "cpu"
 
@@ -65,8 +75,11 @@ class CpuKernels(KVKernels):
         self._ptrs: dict[tuple[int, ...], torch.Tensor] = {}
 
     def _buffer_ptrs(self, k_buffers, v_buffers) -> torch.Tensor:
-        key = tuple(b.data_ptr() for pair in zip(k_buffers, v_buffers) for b in pair)
-        if key not in self._ptrs:  # a pool's buffers never move: build its pointer table once
+        return self._pointer_table([b for pair in zip(k_buffers, v_buffers) for b in pair])
+
+    def _pointer_table(self, buffers) -> torch.Tensor:
+        key = tuple(b.data_ptr() for b in buffers)
+        if key not in self._ptrs:  # a pool's buffers (almost) never move: build its pointer table once
             self._ptrs[key] = torch.tensor(key, dtype=torch.long)
         return self._ptrs[key]
 
@@ -86,8 +99,72 @@ class CpuKernels(KVKernels):
         fn(ptrs.data_ptr(), ptrs.numel(), ids.data_ptr(), ids.numel(), page_size, heads, dim, head_start,
            staging.shape[4], staging.element_size(), staging.data_ptr())
 
+    def copy_pages(self, src, src_ids, src_head_start, dst, dst_ids, dst_head_start, head_count, page_size):
+        (src_k, src_v), (dst_k, dst_v) = src, dst
+        src_ids, dst_ids = src_ids.contiguous(), dst_ids.contiguous()
+        n = src_ids.numel()
+        if dst_ids.numel() != n:
+            raise ValueError(f"copy_pages: {n} source pages but {dst_ids.numel()} destination pages")
+        if n == 0:
+            return True
+        first_src, first_dst = src_k[0], dst_k[0]
+        _, src_heads, dim = first_src.shape
+        dst_heads = first_dst.shape[1]
+        if first_src.dtype != first_dst.dtype or first_dst.shape[2] != dim:
+            raise ValueError("copy_pages: the pools differ in dtype or head_dim")
+        # Whole destination rows: gather into their runs; whole source rows: scatter out of theirs.
+        options = [(dst_ids, True)] if head_count == dst_heads and dst_head_start == 0 else []
+        options += [(src_ids, False)] if head_count == src_heads and src_head_start == 0 else []
+        for runs_of, into_destination in options:
+            starts = _run_starts(runs_of)
+            if len(starts) * _MIN_RUN_PAGES <= n:
+                break
+        else:
+            return False
+        _check_side(src_k, src_v, src_ids, page_size, src_head_start, head_count)
+        _check_side(dst_k, dst_v, dst_ids, page_size, dst_head_start, head_count)
+        elem = first_src.element_size()
+        block = page_size * head_count * dim * elem  # bytes of one page of whole rows
+        if into_destination:  # a gather of the source's pages, the run of whole rows as its staging
+            fn, ids, heads, start = self._lib.tiertp_kv_gather, src_ids, src_heads, src_head_start
+            pairs = list(zip(src_k + src_v, dst_k + dst_v))
+        else:  # a scatter into the destination's pages out of the source's run
+            fn, ids, heads, start = self._lib.tiertp_kv_scatter, dst_ids, dst_heads, dst_head_start
+            pairs = list(zip(dst_k + dst_v, src_k + src_v))
+        bounds = starts + [n]
+        for a, b in zip(bounds, bounds[1:]):
+            for pooled, whole in pairs:  # the strided buffer, the buffer of whole rows
+                run = whole.data_ptr() + int(runs_of[a]) * block
+                fn(self._pointer_table([pooled]).data_ptr(), 1, ids[a:b].data_ptr(), b - a, page_size, heads, dim,
+                   start, head_count, elem, run)
+        return True
+
     def gather(self, k_buffers, v_buffers, page_ids, page_size, head_start, out):
         self._call(self._lib.tiertp_kv_gather, k_buffers, v_buffers, page_ids, page_size, head_start, out)
 
     def scatter(self, k_buffers, v_buffers, page_ids, page_size, head_start, src):
         self._call(self._lib.tiertp_kv_scatter, k_buffers, v_buffers, page_ids, page_size, head_start, src)
+
+
+def _check_side(k_buffers, v_buffers, ids: torch.Tensor, page_size: int, head_start: int, head_count: int) -> None:
+    """copy_pages' checks of one pool (the staging-free twin of check_staging)."""
+    if len(k_buffers) != len(v_buffers) or not k_buffers:
+        raise ValueError("need the same non-zero number of K and V buffers")
+    first = k_buffers[0]
+    bufs = (*k_buffers, *v_buffers)
+    if first.dim() != 3 or any(b.shape != first.shape or b.dtype != first.dtype for b in bufs):
+        raise ValueError("K and V buffers must all be [slots, heads, head_dim] of one dtype")
+    if first.device.type != "cpu" or not all(b.is_contiguous() for b in bufs):
+        raise ValueError("CpuKernels copies contiguous CPU tensors only")
+    if not 0 <= head_start or head_start + head_count > first.shape[1]:
+        raise ValueError(f"heads [{head_start}, {head_start + head_count}) outside the pool's {first.shape[1]}")
+    if ids.dtype != torch.long or ids.dim() != 1:
+        raise ValueError("page_ids must be a 1-D int64 tensor")
+    if first.shape[0] % page_size or int(ids.min()) < 0 or (int(ids.max()) + 1) * page_size > first.shape[0]:
+        raise ValueError("page id outside the pool (or slots not a multiple of the page size)")
+
+
+def _run_starts(ids: torch.Tensor) -> list[int]:
+    """Indexes where a run of consecutive ids (each one more than the last) begins."""
+    breaks = torch.nonzero(ids[1:] - ids[:-1] != 1).flatten() + 1
+    return [0] + breaks.tolist()

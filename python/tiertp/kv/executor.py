@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
+import os
 import threading
 from dataclasses import dataclass, field
 
 import torch
 
-from tiertp.kv.channel import RecvChannel, SendChannel, Transport
+from tiertp.kv.channel import PeerPool, RecvChannel, SendChannel, Transport
 from tiertp.kv.chunks import Chunk, split_chunks
 from tiertp.kv.context import MigrationContext
+from tiertp.kv.copier import Copier, capacity_for, copy_in_process
 from tiertp.kv.dist_transport import DistTransport
 from tiertp.kv.errors import KVMigrationError
 from tiertp.kv.handshake import handshake
@@ -19,76 +20,28 @@ from tiertp.kv.plan import MigrationPlan, Move
 from tiertp.kv.pool import KVPool
 
 DEFAULT_CHUNK_BYTES = 16 << 20
+# On CPU, copies within this process (local moves, pulled pairs) that cannot
+# go straight from pool to pool stage a chunk at a time: 4 MiB amortises the
+# per-call costs and keeps the buffer small.
+_CPU_COPY_CHUNK_BYTES = 4 << 20
 
 
 @dataclass
 class MigrationResult:
     """`pages`: request id -> its page table in this GPU's new pool (the old
     pages are the caller's to free once every participant returned).
-    Byte counts are KV payload, per peer GPU."""
+    Byte counts are KV payload, per peer GPU. `pulled`: the (source,
+    destination) pairs whose destination copied the KV itself out of the
+    source's old pool (their bytes are counted as sent and received too)."""
 
     pages: dict[str, list[int]]
     bytes_sent: dict[int, int] = field(default_factory=dict)
     bytes_received: dict[int, int] = field(default_factory=dict)
     bytes_local: int = 0
+    pulled: frozenset = frozenset()
 
 
-def _staging_view(buf: torch.Tensor, plan: MigrationPlan, offset: int, nbytes: int, n: int, heads: int):
-    s = plan.shape
-    return buf[offset:offset + nbytes].view(s.dtype).view(s.num_layers, 2, n, s.page_size, heads, s.head_dim)
-
-
-class _Copier:
-    """Gathers chunks out of the old pool and scatters chunks into the new
-    one. On GPU every copy runs on its own stream, ordered against the
-    communication (current) stream with events, so a gather overlaps the
-    previous chunk's send."""
-
-    def __init__(self, plan: MigrationPlan, kernels: KVKernels, old_pool: KVPool | None,
-                 new_pool: KVPool | None, new_pages: dict[str, list[int]]):
-        self.plan, self.kernels = plan, kernels
-        self.old_pool, self.new_pool, self.new_pages = old_pool, new_pool, new_pages
-        pool = old_pool or new_pool
-        self.device = pool.device if pool is not None else torch.device("cpu")
-        self.cuda = self.device.type == "cuda"
-        self._streams = threading.local()  # one copy stream per transfer thread
-
-    def _ids(self, pages) -> torch.Tensor:
-        return torch.tensor(list(pages), dtype=torch.long, device=self.device)
-
-    def _stream(self):
-        if not self.cuda:
-            return None
-        if not hasattr(self._streams, "s"):
-            self._streams.s = torch.cuda.Stream(self.device)
-        return self._streams.s
-
-    def gather(self, moves: list[Move], chunk: Chunk, buf: torch.Tensor) -> None:
-        pool = self.old_pool
-        stream = self._stream()
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(self.device))  # slot free (previous send done)
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            for seg in chunk.segments:
-                m = moves[seg.move]
-                out = _staging_view(buf, self.plan, seg.offset, seg.nbytes, seg.page_hi - seg.page_lo,
-                                    m.heads.count)
-                self.kernels.gather(pool.k_buffers, pool.v_buffers, self._ids(m.src_pages[seg.page_lo:seg.page_hi]),
-                                    self.plan.shape.page_size, m.heads.start - pool.heads.start, out)
-        if stream is not None:
-            torch.cuda.current_stream(self.device).wait_stream(stream)  # send after gather
-
-    def scatter(self, moves: list[Move], chunk: Chunk, buf: torch.Tensor) -> None:
-        pool = self.new_pool
-        for seg in chunk.segments:
-            m = moves[seg.move]
-            src = _staging_view(buf, self.plan, seg.offset, seg.nbytes, seg.page_hi - seg.page_lo, m.heads.count)
-            pages = self.new_pages[m.request_id][seg.page_lo:seg.page_hi]
-            self.kernels.scatter(pool.k_buffers, pool.v_buffers, self._ids(pages), self.plan.shape.page_size,
-                                 m.heads.start - pool.heads.start, src)
-
-
-def _send_pair(copier: _Copier, moves: list[Move], chunks: list[Chunk], ch: SendChannel) -> None:
+def _send_pair(copier: Copier, moves: list[Move], chunks: list[Chunk], ch: SendChannel) -> None:
     for seq, chunk in enumerate(chunks):
         buf = ch.acquire(seq)  # blocks while this slot's previous chunk is still in flight
         copier.gather(moves, chunk, buf)
@@ -96,7 +49,7 @@ def _send_pair(copier: _Copier, moves: list[Move], chunks: list[Chunk], ch: Send
     ch.finish()
 
 
-def _recv_pair(copier: _Copier, moves: list[Move], chunks: list[Chunk], ch: RecvChannel) -> None:
+def _recv_pair(copier: Copier, moves: list[Move], chunks: list[Chunk], ch: RecvChannel) -> None:
     for seq, chunk in enumerate(chunks):
         buf = ch.wait(seq)
         copier.scatter(moves, chunk, buf)
@@ -106,18 +59,12 @@ def _recv_pair(copier: _Copier, moves: list[Move], chunks: list[Chunk], ch: Recv
     ch.finish()
 
 
-def _copy_local(copier: _Copier, moves: list[Move], chunks: list[Chunk], capacity: int) -> int:
-    buf = torch.empty(capacity, dtype=torch.uint8, device=copier.device)
-    for chunk in chunks:
-        copier.gather(moves, chunk, buf)
-        copier.scatter(moves, chunk, buf)
-    return sum(c.nbytes for c in chunks)
-
-
-def capacity_for(plan: MigrationPlan, chunk_bytes: int) -> int:
-    """Staging slot size: chunk_bytes, or one page of the widest move if larger."""
-    widest = max((plan.shape.page_bytes(m.heads.count) for m in plan.moves), default=0)
-    return max(chunk_bytes, widest)
+def _run_on(cores: tuple[int, ...]) -> None:
+    """Move the calling thread (only it) to `cores`, if this process may use them."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:  # outside this process's cpuset: copy where we are
+        pass
 
 
 def migrate(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | None, new_pool: KVPool | None, *,
@@ -125,41 +72,47 @@ def migrate(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | None,
             kernels: KVKernels | None = None) -> MigrationResult:
     """Collective over ctx.group: every participant calls it with the same plan.
 
-    Handshake first (may raise MigrationAborted with nothing written). Then
-    one thread per outgoing and per incoming peer streams that pair's moves
-    in chunks of at most chunk_bytes through `slots` alternating staging
-    buffers (2 = double buffering); local moves are copied meanwhile. Old
-    pools are only read, so any failure leaves the old layout intact; on a
+    Handshake first (may raise MigrationAborted with nothing written); it
+    also settles which pairs the receiver pulls (copies itself out of the
+    sender's old pool, see Transport.accept). For the other pairs one
+    thread per outgoing and per incoming peer streams that pair's moves in
+    chunks of at most chunk_bytes through `slots` alternating staging
+    buffers (2 = double buffering); meanwhile the calling thread copies the
+    local moves and one thread per pulled source that source's. Old pools
+    are only read, so any failure leaves the old layout intact; on a
     failure after the handshake this GPU's new pages are freed again and
     the error is raised.
     """
     if chunk_bytes < 1 or slots < 1:
         raise ValueError("chunk_bytes and slots must be >= 1")
-    new_pages = handshake(ctx, plan, old_pool, new_pool)
+    transport = transport or DistTransport()
+    new_pages, pulls = handshake(ctx, plan, old_pool, new_pool, transport)
     if not plan.moves:
         return MigrationResult(new_pages)
     try:
-        return _run(ctx, plan, old_pool, new_pool, new_pages, transport or DistTransport(), chunk_bytes, slots,
-                    kernels)
+        return _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes, slots, kernels)
     except BaseException:
         for pages in new_pages.values():
             new_pool.allocator.free(pages)
         raise
 
 
-def _run(ctx, plan, old_pool, new_pool, new_pages, transport, chunk_bytes, slots, kernels) -> MigrationResult:
+def _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes, slots, kernels) -> MigrationResult:
     me = ctx.gpu
     pool = old_pool or new_pool
     device = pool.device if pool is not None else torch.device("cpu")  # an idle participant still joins open()
-    copier = _Copier(plan, kernels or kernels_for(device), old_pool, new_pool, new_pages)
-    capacity = capacity_for(plan, chunk_bytes)
-    pairs = plan.remote_pairs()
+    kernels = kernels or kernels_for(device)
+    copier = Copier(plan, kernels, old_pool, new_pool, new_pages)
+    pairs = [p for p in plan.remote_pairs() if p not in pulls.pairs]
     chunks = {p: split_chunks(plan.pair(*p), plan.shape, chunk_bytes) for p in pairs}
     sends = {d: [c.nbytes for c in chunks[(s, d)]] for s, d in pairs if s == me}
     recvs = {s: [c.nbytes for c in chunks[(s, d)]] for s, d in pairs if d == me}
-    out, inc = transport.open(ctx, sends, recvs, capacity, slots, device)
+    # Every participant knows `pairs`: with none left, nobody opens channels.
+    out, inc = (transport.open(ctx, sends, recvs, capacity_for(plan, chunk_bytes), slots, device) if pairs
+                else ({}, {}))
 
     errors: list[BaseException] = []
+    copied: dict[int, int] = {}  # bytes copied in this process, by source
 
     def guarded(fn, *args):
         try:
@@ -167,17 +120,26 @@ def _run(ctx, plan, old_pool, new_pool, new_pages, transport, chunk_bytes, slots
         except BaseException as e:  # surfaced in the calling thread below
             errors.append(e)
 
+    def pull(src: int, peer: PeerPool, spread: bool) -> None:
+        if spread and peer.cores:
+            _run_on(peer.cores)
+        copied[src] = copy_in_process(Copier(plan, copier.kernels, peer.pool, new_pool, new_pages), plan.pair(src, me),
+                                  in_process)
+
+    in_process = chunk_bytes if copier.cuda else min(chunk_bytes, _CPU_COPY_CHUNK_BYTES)
     threads = [threading.Thread(target=guarded, args=(_send_pair, copier, plan.pair(me, d), chunks[(me, d)], ch),
                                 name=f"kv-send-{me}-{d}", daemon=True) for d, ch in out.items()]
     threads += [threading.Thread(target=guarded, args=(_recv_pair, copier, plan.pair(s, me), chunks[(s, me)], ch),
                                  name=f"kv-recv-{s}-{me}", daemon=True) for s, ch in inc.items()]
+    # Pulling from several sources: each copy on its source's cores (idle
+    # while the sources wait), not all of them on this receiver's.
+    threads += [threading.Thread(target=guarded, args=(pull, src, peer, len(pulls.pools) > 1),
+                                 name=f"kv-pull-{src}-{me}", daemon=True) for src, peer in pulls.pools.items()]
     for t in threads:
         t.start()
-    local_moves = plan.pair(me, me)
-    local = 0
     try:
-        if local_moves:
-            local = _copy_local(copier, local_moves, split_chunks(local_moves, plan.shape, chunk_bytes), capacity)
+        if plan.pair(me, me):
+            copied[me] = copy_in_process(copier, plan.pair(me, me), in_process)
     finally:
         for t in threads:
             t.join(ctx.timeout_s * 2)
@@ -187,5 +149,8 @@ def _run(ctx, plan, old_pool, new_pool, new_pages, transport, chunk_bytes, slots
         raise errors[0]
     if copier.cuda:
         torch.cuda.synchronize(device)
-    return MigrationResult(new_pages, {d: ch.bytes_sent for d, ch in out.items()},
-                           {s: ch.bytes_received for s, ch in inc.items()}, local)
+    sent = {d: ch.bytes_sent for d, ch in out.items()}
+    sent.update({d: plan.bytes_between(me, d) for s, d in pulls.pairs if s == me})
+    received = {s: ch.bytes_received for s, ch in inc.items()}
+    received.update({s: copied.get(s, 0) for s, d in pulls.pairs if d == me})
+    return MigrationResult(new_pages, sent, received, copied.get(me, 0), pulls.pairs)

@@ -1,7 +1,13 @@
-"""The handshake before any KV byte moves: agree on the plan, allocate, vote."""
+"""The handshake before any KV byte moves: agree on the plan, allocate, vote.
+
+It also settles which pairs the receiver pulls (Transport.offer / accept):
+the offers travel with the manifests and the acceptances with the votes, so
+that costs no extra round.
+"""
 
 from __future__ import annotations
 
+from tiertp.kv.channel import Pulls, Transport
 from tiertp.kv.context import MigrationContext
 from tiertp.kv.errors import KVMigrationError, LayoutError, MigrationAborted, OutOfKVSpace
 from tiertp.kv.plan import MigrationPlan
@@ -35,17 +41,21 @@ def _check_pool(plan: MigrationPlan, gpu: int, pool: KVPool | None, which: str) 
 
 
 def handshake(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | None,
-              new_pool: KVPool | None) -> dict[str, list[int]]:
+              new_pool: KVPool | None, transport: Transport | None = None) -> tuple[dict[str, list[int]], Pulls]:
     """Collective over ctx.group. Every participant checks that its peers'
     manifests match its own plan and that its pools fit the plan; each
     receiver allocates, in its new pool, the pages of every request it will
-    hold. Then all vote: if any failed (mismatch, or OutOfKVSpace), every
-    participant frees what it allocated and raises MigrationAborted naming
-    the failures, before any KV byte was written anywhere. Returns request
-    id -> allocated pages on this GPU (empty if it receives nothing)."""
-    manifests = ctx.control.all_gather_object(_manifest(plan, ctx.gpu))
+    hold, and accepts what it can of the senders' transport offers. Then
+    all vote: if any failed (mismatch, or OutOfKVSpace), every participant
+    frees what it allocated and raises MigrationAborted naming the
+    failures, before any KV byte was written anywhere. Returns request id ->
+    allocated pages on this GPU (empty if it receives nothing), and the
+    pairs the receivers pull (the same on every participant)."""
+    offer = transport.offer(old_pool) if transport is not None else None
+    manifests = ctx.control.all_gather_object({**_manifest(plan, ctx.gpu), "offer": offer})
 
     allocated: dict[str, list[int]] = {}
+    pools: dict = {}
     error = None
     try:
         _check_pool(plan, ctx.gpu, old_pool, "old")
@@ -66,13 +76,15 @@ def handshake(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | Non
                 raise OutOfKVSpace(ctx.gpu, total, free)
             for rid, n in need.items():
                 allocated[rid] = new_pool.allocator.alloc(n)
+        if transport is not None:
+            pools = transport.accept(ctx, plan, {m["gpu"]: m["offer"] for m in manifests})
     except KVMigrationError as e:
         error = str(e)
 
-    votes = ctx.control.all_gather_object((ctx.gpu, error))
-    failed = {gpu: reason for gpu, reason in votes if reason is not None}
+    votes = ctx.control.all_gather_object((ctx.gpu, error, sorted(pools)))
+    failed = {gpu: reason for gpu, reason, _ in votes if reason is not None}
     if failed:
         for pages in allocated.values():
             new_pool.allocator.free(pages)
         raise MigrationAborted(failed)
-    return allocated
+    return allocated, Pulls(frozenset((src, gpu) for gpu, _, srcs in votes for src in srcs), pools)

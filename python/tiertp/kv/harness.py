@@ -10,6 +10,12 @@ control="store" runs the processes with no torch.distributed world at all:
 the handshake goes through a StoreControlGroup on a FileStore and the bytes
 through shared memory, as between the execution processes of two TP levels
 (each its own SGLang world) during a TP switch.
+
+Each process keeps one transport object per kind for all its scenarios, as
+an execution process does for all its switches (the shared-memory transport
+reuses its staging segments from one migration to the next). A scenario
+with `share_old` first puts the old pools in shared memory, so shm
+receivers pull those pairs straight out of them.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from tiertp.kv.plan import RequestKV
 from tiertp.kv.planner import plan_migration
 from tiertp.kv.pool import KVPool
 from tiertp.kv.shape import KVShape
+from tiertp.kv.shared_pool import share_pool
 from tiertp.kv.shm_transport import ShmTransport
 
 TRANSPORTS = {"dist": DistTransport, "shm": ShmTransport}
@@ -59,6 +66,7 @@ class Scenario:
     chunk_bytes: int = 4096
     slots: int = 2
     transport: str = "dist"
+    share_old: bool = False
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -84,11 +92,12 @@ def _worker(rank: int, world: int, store: str, scenarios: list[Scenario], outdir
     # If we are about to be killed for overstaying, say where we were stuck.
     faulthandler.dump_traceback_later(max(1.0, timeout_s - 5), exit=False)
     torch.set_num_threads(1)
+    transports = {name: make() for name, make in TRANSPORTS.items()}
     if control == "store":
         group = StoreControlGroup(dist.FileStore(store, world), rank, world, "kv-harness", timeout_s=60)
         ctx = MigrationContext(gpu=rank, group=group, gpu_to_rank={g: g for g in range(world)}, timeout_s=60)
         for i, sc in enumerate(scenarios):
-            torch.save(_run_one(ctx, sc), Path(outdir) / f"{i}-{rank}.pt")
+            torch.save(_run_one(ctx, sc, transports[sc.transport]), Path(outdir) / f"{i}-{rank}.pt")
         return
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
@@ -96,12 +105,12 @@ def _worker(rank: int, world: int, store: str, scenarios: list[Scenario], outdir
     ctx = MigrationContext(gpu=rank, group=group, gpu_to_rank={g: g for g in range(world)}, timeout_s=60)
     try:
         for i, sc in enumerate(scenarios):
-            torch.save(_run_one(ctx, sc), Path(outdir) / f"{i}-{rank}.pt")
+            torch.save(_run_one(ctx, sc, transports[sc.transport]), Path(outdir) / f"{i}-{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _run_one(ctx: MigrationContext, sc: Scenario) -> dict:
+def _run_one(ctx: MigrationContext, sc: Scenario, transport) -> dict:
     gpu, s = ctx.gpu, sc.shape
     out: dict = {"before": {}, "after": {}, "aborted": None}
     old_pool = new_pool = None
@@ -114,18 +123,21 @@ def _run_one(ctx: MigrationContext, sc: Scenario) -> dict:
             out["before"] = {r.request_id: old_pool.read_pages(list(r.pages[:s.pages_for(r.context_len)]))
                              for r in mine}
             snapshot = old_pool.block.clone()
+            if sc.share_old:
+                share_pool(old_pool)
     for g in sc.new.groups:
         if gpu in g.gpus:
             new_pool = KVPool.allocate(s, g.heads_on(gpu, s.num_kv_heads), sc.new_pages.get(gpu, sc.default_pages), gpu)
     plan = plan_migration(s, sc.old, sc.new, sc.requests)
     free_before = new_pool.allocator.free_pages if new_pool else None
     try:
-        res = migrate(ctx, plan, old_pool, new_pool, transport=TRANSPORTS[sc.transport](),
-                      chunk_bytes=sc.chunk_bytes, slots=sc.slots)
+        res = migrate(ctx, plan, old_pool, new_pool, transport=transport, chunk_bytes=sc.chunk_bytes,
+                      slots=sc.slots)
         out["after"] = {rid: new_pool.read_pages(pages) for rid, pages in res.pages.items()}
         out["pages"] = res.pages
         out["bytes_sent"], out["bytes_received"], out["bytes_local"] = (
             res.bytes_sent, res.bytes_received, res.bytes_local)
+        out["pulled"] = res.pulled
     except MigrationAborted as e:
         out["aborted"] = dict(e.reasons)
         out["new_free_unchanged"] = new_pool is None or new_pool.allocator.free_pages == free_before

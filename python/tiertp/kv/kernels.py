@@ -39,6 +39,17 @@ class KVKernels(ABC):
                 page_ids: torch.Tensor, page_size: int, head_start: int, src: torch.Tensor) -> None:
         """The inverse of gather: write src into those pages and heads."""
 
+    def copy_pages(self, src: tuple[list[torch.Tensor], list[torch.Tensor]], src_ids: torch.Tensor,
+                   src_head_start: int, dst: tuple[list[torch.Tensor], list[torch.Tensor]], dst_ids: torch.Tensor,
+                   dst_head_start: int, head_count: int, page_size: int) -> bool:
+        """Pool to pool with no staging tensor: heads [src_head_start, +head_count)
+        of pages src_ids[i] of the (K buffers, V buffers) `src` into heads
+        [dst_head_start, +head_count) of pages dst_ids[i] of `dst`, every
+        layer. True if done; False, with nothing written, when this
+        implementation cannot do it in one pass (the caller then gathers
+        into a staging tensor and scatters). Default: False."""
+        return False
+
 
 def check_staging(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
                   page_size: int, head_start: int, staging: torch.Tensor) -> None:

@@ -26,7 +26,7 @@ class RequestKV:
     dst_group: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pages", tuple(int(p) for p in self.pages))
+        object.__setattr__(self, "pages", tuple(map(int, self.pages)))
 
 
 @dataclass(frozen=True)

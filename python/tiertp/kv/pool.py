@@ -6,6 +6,7 @@ import torch
 
 from tiertp.kv.allocator import PageAllocator
 from tiertp.kv.errors import LayoutError
+from tiertp.kv.ids import id_tensor
 from tiertp.kv.layout import HeadRange
 from tiertp.kv.shape import KVShape
 
@@ -35,6 +36,9 @@ class KVPool:
         self.shape, self.heads, self.gpu = shape, heads, gpu
         self.k_buffers, self.v_buffers = list(k_buffers), list(v_buffers)
         self.allocator = PageAllocator(slots // shape.page_size - 1, gpu)
+        # Set by tiertp.kv.shared_pool.share_pool once the buffers live in
+        # shared memory: what peer processes need to read them directly.
+        self.shared = None
 
     @classmethod
     def allocate(cls, shape: KVShape, heads: HeadRange, num_pages: int, gpu: int = -1,
@@ -58,7 +62,7 @@ class KVPool:
 
     def read_pages(self, pages: list[int]) -> torch.Tensor:
         """A copy of `pages` as [L, 2, n, page_size, heads.count, head_dim] (for checks)."""
-        ids = torch.tensor(pages, dtype=torch.long, device=self.device)
+        ids = id_tensor(pages, self.device)
         ps = self.shape.page_size
         return torch.stack([
             torch.stack([b.view(-1, ps, self.heads.count, self.shape.head_dim)[ids]

@@ -14,7 +14,8 @@ quiescent), export the requests, plan the KV migration from the sources'
 layout to the destination's (tiertp.switching.planning), run
 tiertp.kv.migrate inside every rank of every instance at once
 (tiertp.switching.rank_migrate; one StoreControlGroup per switch over the
-coordinator's TCPStore, bytes through shared memory), adopt the requests on
+coordinator's TCPStore; on CPU the destination ranks copy the KV straight
+out of the sources' pools, in shared memory), adopt the requests on
 the destination (requests without KV move as metadata and prefill there),
 resume the destination (the end of the stop time), release the requests on
 the sources.
@@ -29,7 +30,6 @@ continue exactly as if nothing had happened.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -71,8 +71,9 @@ class SwitchCoordinator:
         self.close()
 
     def warm(self, *instances: TpInstance) -> None:
-        """Prepare started instances for switches (imports, store connection in
-        every rank), so the first switch costs what the others do. Optional."""
+        """Prepare started instances for switches (imports, store connection,
+        KV pool moved into shared memory in every rank), so the first switch
+        costs what the others do. Optional."""
         for inst in instances:
             inst.call_on_ranks(rank_migrate.WARM, self.store.address)
 
@@ -102,15 +103,14 @@ class SwitchCoordinator:
                                  exported)
                 clock.mark("plan")
                 by_name, moved_bytes, rank_ms = (self._migrate(sp, sources, dest) if sp.plan.moves
-                                                 else ({}, (0, 0), 0.0))
+                                                 else ({}, (0, 0, 0), 0.0))
                 pages = {sp.names[name]: slots for name, slots in by_name.items()}
                 path = "kv-migrate"
             else:  # e.g. TP3: tiertp.kv plans power-of-two levels only
                 pages, relayed = relay([(src, states) for (src, _), states in zip(sources, exported)], dest)
-                moved_bytes, rank_ms, path = (relayed, 0), 0.0, "relay"
+                moved_bytes, rank_ms, path = (relayed, 0, 0), 0.0, "relay"
             clock.mark("migrate")
-            states = [dataclasses.replace(s, slots=tuple(pages[s.rid])) if s.kv_len else s
-                      for batch in exported for s in batch]
+            states = [s.with_slots(pages[s.rid]) if s.kv_len else s for batch in exported for s in batch]
             try:
                 if states:
                     dest.adopt(states)
@@ -142,12 +142,13 @@ class SwitchCoordinator:
         return SwitchResult(moved=tuple(s.rid for s in moved),
                             metadata_only=tuple(s.rid for batch in exported for s in batch if not s.kv_len),
                             kv_tokens=sum(s.kv_len for s in moved), bytes_between=moved_bytes[0],
-                            bytes_local=moved_bytes[1], stop_ms=stop_ms,
+                            bytes_local=moved_bytes[1], bytes_pulled=moved_bytes[2], stop_ms=stop_ms,
                             parts_ms={**clock.parts, "migrate_rank_max": rank_ms}, path=path)
 
     def _migrate(self, sp: SwitchPlan, sources: list[Source], dest: TpInstance):
         """tiertp.kv.migrate on every rank at once. Returns (plan request id ->
-        destination slots, (bytes between processes, bytes local), slowest rank's ms).
+        destination slots, (bytes between processes, bytes local, bytes the
+        destination pulled), slowest rank's ms).
         On failure the destination ranks' slots are freed and the error raised."""
         plan = sp.plan
         members = sum(src.spec.tp for src, _ in sources) + dest.spec.tp
@@ -159,6 +160,9 @@ class SwitchCoordinator:
             calls.append((inst, rank_migrate.MigrationCall(plan, ids, role, first, members, address, name,
                                                            self.timeout_s, chunk)))
             first += inst.spec.tp
+        # The destination first: its ranks do the copying (they pull from the
+        # sources' pools) and its call has the longest way to its ranks.
+        calls.insert(0, calls.pop())
         started, errors = [], []
         for inst, call in calls:
             try:
@@ -173,20 +177,20 @@ class SwitchCoordinator:
                 errors.append(f"TP{inst.spec.tp} instance on devices {list(inst.spec.devices)}: {_describe(e)}")
         per_rank = results.get(id(dest))
         errors += _by_message([(r["id"], r["error"]) for rs in results.values() for r in rs if "error" in r])
-        if not errors and any(r["pages"] != per_rank[0]["pages"] for r in per_rank):
+        if not errors and any(r["pages_digest"] != per_rank[0]["pages_digest"] for r in per_rank):
             errors.append("the destination's ranks allocated different slots (they must agree)")
         if errors:
             if per_rank is not None and not _is_closed(dest):
                 try:
-                    dest.call_on_ranks(rank_migrate.FREE, [[s for slots in r.get("pages", {}).values()
-                                                            for s in slots] for r in per_rank])
+                    dest.call_on_ranks(rank_migrate.FREE, name)
                 except Exception as e:  # noqa: BLE001 - reported with the failure that caused it
                     errors.append(f"freeing the destination's slots failed too: {_describe(e)}")
             raise _MigrationFailed("; ".join(_dedupe(errors)))
         between = sum(r["bytes_sent"] for src, _ in sources for r in results[id(src)])
         local = sum(r["bytes_local"] for rs in results.values() for r in rs)
+        pulled = sum(r["bytes_pulled"] for r in per_rank)
         rank_ms = max(r["ms"] for rs in results.values() for r in rs)
-        return per_rank[0]["pages"], (between, local), rank_ms
+        return per_rank[0]["pages"], (between, local, pulled), rank_ms
 
     @staticmethod
     def _restore(sources: list[Source], instances: list[TpInstance], was_paused: list[bool]) -> tuple[int, ...]:

@@ -7,11 +7,19 @@ instance), joined by a StoreControlGroup over the coordinator's TCPStore
 through shared memory (ShmTransport). A source rank only reads its KV; a
 destination rank allocates the slots it receives into (they stay reserved
 until the destination adopts the requests or the coordinator frees them).
+
+On CPU every rank's KV buffers are moved into shared memory once (`warm`, or
+a source's first switch; tiertp.execution.kv_view.share_kv_pool), so the
+destination ranks copy each request's heads straight out of the source's
+pool: one copy per byte, spread over the destination ranks' cores, and
+nothing for the source ranks to do.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from array import array
 from dataclasses import dataclass
 
 from tiertp.kv import MigrationPlan
@@ -23,6 +31,13 @@ WARM = "tiertp.switching.rank_migrate:warm"
 # One client connection per coordinator store and process, reused by every
 # switch (a connection, not TP state: what a switch uses is all in its call).
 _clients: dict[tuple[str, int], object] = {}
+# One shared-memory transport per process: it keeps its staging segments
+# mapped between switches (the same processes switch back and forth).
+_transport = None
+# Slots this process reserved for its last few switches as a destination, by
+# switch name: what `free_reserved` gives back if the switch is rolled back.
+_reserved: dict[str, list[int]] = {}
+_KEEP_RESERVED = 4
 
 
 @dataclass(frozen=True)
@@ -54,18 +69,29 @@ def _client(address: tuple[str, int], timeout_s: float):
 
 
 def run(handle, call: MigrationCall) -> dict:
-    """Migrate this rank's part; its new slots per request (destination) and
-    byte counts, or {"id", "error"}: every rank answers, so the coordinator
-    knows which destination ranks hold slots to free (migrate frees a failed
-    rank's own)."""
+    """Migrate this rank's part: byte counts and a digest of its new slots
+    per request (a destination's ranks must agree), the slots themselves
+    from rank 0 only (they are tens of thousands of ints), or {"id",
+    "error"}: every rank answers, so the coordinator knows the switch
+    failed (migrate frees a failed rank's own slots; `free_reserved` the
+    others')."""
     try:
         return _run(handle, call)
     except Exception as e:  # noqa: BLE001 - reported to the coordinator, which rolls back
         return {"id": call.ids[handle.ctx.rank], "error": f"{type(e).__name__}: {e}"}
 
 
+def _shm_transport():
+    global _transport
+    if _transport is None:
+        from tiertp.kv import ShmTransport
+
+        _transport = ShmTransport()
+    return _transport
+
+
 def _run(handle, call: MigrationCall) -> dict:
-    from tiertp.kv import MigrationContext, ShmTransport, StoreControlGroup, migrate
+    from tiertp.kv import MigrationContext, StoreControlGroup, migrate
 
     start = time.perf_counter()
     rank = handle.ctx.rank
@@ -74,27 +100,49 @@ def _run(handle, call: MigrationCall) -> dict:
                               timeout_s=call.timeout_s)
     ctx = MigrationContext(gpu=me, group=group, gpu_to_rank={}, timeout_s=call.timeout_s)
     pool = handle.kv_pool()
+    if call.role == "old":
+        from tiertp.execution.kv_view import share_kv_pool
+
+        share_kv_pool(handle)  # once per process; a no-op after `warm`
     old_pool, new_pool = (pool, None) if call.role == "old" else (None, pool)
-    result = migrate(ctx, call.plan, old_pool, new_pool, transport=ShmTransport(), chunk_bytes=call.chunk_bytes)
-    return {"id": me, "pages": result.pages, "bytes_sent": sum(result.bytes_sent.values()),
-            "bytes_received": sum(result.bytes_received.values()), "bytes_local": result.bytes_local,
-            "ms": (time.perf_counter() - start) * 1e3}
+    result = migrate(ctx, call.plan, old_pool, new_pool, transport=_shm_transport(), chunk_bytes=call.chunk_bytes)
+    if result.pages:
+        _reserved[call.name] = [slot for pages in result.pages.values() for slot in pages]
+        while len(_reserved) > _KEEP_RESERVED:
+            del _reserved[next(iter(_reserved))]
+    out = {"id": me, "pages_digest": pages_digest(result.pages), "bytes_sent": sum(result.bytes_sent.values()),
+           "bytes_received": sum(result.bytes_received.values()), "bytes_local": result.bytes_local,
+           "bytes_pulled": sum(result.bytes_received.get(src, 0) for src, dst in result.pulled if dst == me),
+           "ms": (time.perf_counter() - start) * 1e3}
+    if rank == 0:  # packed: a tenth of the pickling of as many Python ints
+        out["pages"] = {rid: array("q", pages) for rid, pages in result.pages.items()}
+    return out
 
 
-def free_reserved(handle, per_rank: list[list[int]]) -> None:
-    """Rollback: free the slots rank r reserved for a failed switch (`per_rank[r]`),
+def pages_digest(pages: dict[str, list[int]]) -> str:
+    """The same on every rank that allocated the same slots for the same requests."""
+    h = hashlib.blake2b(digest_size=16)
+    for rid in sorted(pages):
+        h.update(rid.encode() + b"\0" + array("q", pages[rid]).tobytes())
+    return h.hexdigest()
+
+
+def free_reserved(handle, name: str) -> None:
+    """Rollback: free the slots this rank reserved for the switch `name`,
     those still reserved (a rank whose migration failed freed its own already)."""
-    import torch
+    from tiertp.kv.ids import id_tensor
 
-    slots = [s for s in per_rank[handle.ctx.rank] if bool(handle.kv.reserved[torch.tensor(s)])]
-    handle.kv.free_reserved(slots)
+    ids = id_tensor(_reserved.pop(name, []))
+    handle.kv.free_reserved(ids[handle.kv.reserved[ids]].tolist())
 
 
 def warm(handle, address: tuple[str, int]) -> None:
     """Pay a rank's one-off costs before its first switch: import the
-    migration code, build the KV pool view, connect to the coordinator's store."""
+    migration code, build the KV pool view and share it, connect to the
+    coordinator's store."""
     import tiertp.kv.executor  # noqa: F401 - the import is the point
-    import tiertp.kv.shm_transport  # noqa: F401
+    from tiertp.execution.kv_view import share_kv_pool
 
-    handle.kv_pool()
+    _shm_transport()
+    share_kv_pool(handle)
     _client(tuple(address), 60.0)

@@ -14,8 +14,11 @@ class SwitchResult:
     sources freeing their copies once the destination runs: not in stop_ms). Bytes are KV payload:
     `bytes_between` crossed between processes (shared memory on CPU),
     `bytes_local` were copied inside one process (none in a switch: old and
-    new ranks are always different processes); on the relay path
-    `bytes_between` is what crossed the controller."""
+    new ranks are always different processes); `bytes_pulled`, of
+    bytes_between, the destination's ranks copied themselves straight out of
+    the sources' shared pools (on CPU; the rest was staged through shared
+    memory segments); on the relay path `bytes_between` is what crossed the
+    controller."""
 
     moved: tuple  # request ids that moved with their KV
     metadata_only: tuple  # request ids that moved without KV (waiting for prefill)
@@ -25,3 +28,4 @@ class SwitchResult:
     stop_ms: float
     parts_ms: dict = field(default_factory=dict)
     path: str = "kv-migrate"  # or "relay": through the controller, for TP levels tiertp.kv cannot plan
+    bytes_pulled: int = 0

@@ -70,7 +70,8 @@ class ExecutionLoop:
         # retraction, and a refused decode step would fail the whole batch.
         self.kv_capacity = kv_capacity_tokens
         self.runner = runner
-        self.policy = _scheduler.BatchPolicy(batch_cap, token_cap)
+        self.policy = _scheduler.BatchPolicy(batch_cap, 0)
+        self._set_caps(batch_cap, token_cap)
         self.waiting: dict[int, ExecRequest] = {}
         self.running: dict[int, ExecRequest] = {}  # insertion order = batch order
         self.parent = os.getppid()
@@ -79,6 +80,14 @@ class ExecutionLoop:
         # `resume`; an inactive TP level's process stays paused between switches.
         self.paused = False
         self.ops = SwitchOps(self)
+
+    def _set_caps(self, batch_cap: int, token_cap: int) -> None:
+        # The plan's token cap is a per-iteration prefill budget (the simulator
+        # chunks long prompts over iterations under it). A runner that chunks
+        # takes it; otherwise the policy admits only prompts that fit it (a
+        # longer one only into an empty batch).
+        chunked = self.runner.set_prefill_chunk(token_cap or None)
+        self.policy.set_caps(batch_cap, 0 if chunked else token_cap)
 
     def send(self, msg: dict) -> None:
         self.sock.send(P.encode(msg))
@@ -106,7 +115,7 @@ class ExecutionLoop:
             # one they would show the cancelled request until the next ping.
             self.send_load()
         elif kind == "caps":
-            self.policy.set_caps(msg["batch_cap"], msg["token_cap"])
+            self._set_caps(msg["batch_cap"], msg["token_cap"])
         elif kind == "ping":
             self.send({"type": "pong", **self._load()})
         elif kind == "op":

@@ -96,6 +96,13 @@ class StepRunner(ABC):
     def release(self, rids: list[int]) -> None:
         """The requests left (finished or cancelled); default: nothing to free."""
 
+    def set_prefill_chunk(self, tokens: int | None) -> bool:
+        """Prefill at most `tokens` prompt tokens per step (None: whole prompts),
+        splitting long prompts over steps, as the simulator does with a plan's
+        token cap. Returns False where the runner cannot: the executor then
+        keeps the cap as an admission limit of its batch policy instead."""
+        return False
+
     @abstractmethod
     def close(self) -> None: ...
 
