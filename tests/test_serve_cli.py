@@ -52,3 +52,14 @@ def test_bad_tier_limits(tmp_path: Path, line: str, field: str):
     tiers = tmp_path / "tiers.toml"
     tiers.write_text(f'[[tier]]\nname = "chat"\nttft_ms = 500\ntpot_ms = 50\napi_keys = ["k"]\n{line}\n')
     refused(serve("--tiers", str(tiers)), field)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--tp-levels", "1,3", "--devices", "4"), "--tp-levels must be powers of two"),
+    (("--tp-levels", "1,2"), "--tp-levels 2 needs at least that many devices"),
+    (("--tp-levels", "2", "--devices", "2"), "must include 1"),
+    # SmolLM2 (the default model) has 9 attention heads: TP2 cannot split them.
+    (("--tp-levels", "1,2", "--devices", "2"), "do not split evenly over TP 2"),
+])
+def test_bad_tp_levels(args, needle):
+    refused(serve(*args), needle)

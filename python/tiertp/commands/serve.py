@@ -5,7 +5,9 @@ CPU) as a subprocess, waits until it answers a ping and every device has
 served a one-token warm-up request, then runs the gateway (Rust, in this
 process) pointed at it: tiers and their API keys and limits from the tier
 file, the control loop planning over the workers' devices with the profile
-(--profile) at the TP levels the workers run. Prints the URL, each tier's API
+(--profile) at the TP levels the workers run (--tp-levels: with more than
+one, every window's plan may merge or split devices' TP groups, and the
+agent switches its warm processes in milliseconds). Prints the URL, each tier's API
 key and how to call it (curl, openai SDK), serves until SIGINT (Ctrl-C) or
 SIGTERM, then stops the gateway, the agent and every execution process. With
 no options it serves SmolLM2-135M with the embedded tiers on
@@ -27,10 +29,11 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
 from tiertp.profile_source import SYNTHETIC
-from tiertp.worker.config import AgentConfig
+from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"embedded model ({', '.join(EMBEDDED_MODELS)}) or an HF model directory "
                         f"(default {DEFAULT_MODEL})")
     p.add_argument("--devices", type=int, default=1, help="logical devices (one execution process each; default 1)")
+    p.add_argument("--tp-levels", type=parse_tp_levels, default=AgentConfig().tp_levels,
+                   help="candidate TP levels, e.g. 1,2 (powers of two, at most --devices, that split the "
+                        "model's heads): the agent keeps a warm process per aligned group at each level and "
+                        "the planner may switch between them every window (default: 1, no switching)")
     p.add_argument("--tiers", type=Path, default=None,
                    help="tier TOML (names, SLOs, weights, api_keys, max_concurrent_requests, "
                         "max_requests_per_minute; default: the embedded tiers)")
@@ -114,11 +121,11 @@ class _Stop:
 class Agent:
     """The `tiertp worker` subprocess (own session) and its execution processes."""
 
-    def __init__(self, model: str, devices: int, endpoint: str, log_dir: Path):
+    def __init__(self, model: str, devices: int, tp_levels: list[int], endpoint: str, log_dir: Path):
         self.endpoint = endpoint
         self.log_dir = log_dir
         cmd = [sys.executable, "-m", "tiertp.cli", "worker", "--bind", endpoint, "--model", model,
-               "--devices", str(devices), "--log-dir", str(log_dir)]
+               "--devices", str(devices), "--tp-levels", ",".join(map(str, tp_levels)), "--log-dir", str(log_dir)]
         log.info("starting the agent: %s", " ".join(cmd))
         self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -166,6 +173,16 @@ class Agent:
                     raise RuntimeError(f"warm-up on device {(m.get('id') or 1) - 1} failed: "
                                        f"{m.get('code')}: {m.get('message')}")
                 done.update(it["id"] for it in m["items"] if it["finished"])
+            # With several TP levels the other levels' processes start beside
+            # the TP1 ones; a plan into one still starting would be refused.
+            while True:
+                sock.send(P.encode({"type": P.STATS}))
+                m = recv_until(lambda m: m["type"] == P.STATS, "waiting for every TP level's process to start")
+                starting = [p["tp_group"] for p in m.get("processes", []) if p["state"] != "ready"]
+                if not starting:
+                    break
+                if stop.event.wait(0.5):
+                    raise KeyboardInterrupt
         finally:
             sock.close(0)
             ctx.term()
@@ -228,13 +245,21 @@ def run(args: argparse.Namespace) -> int:
     if not Path(tiers_path).is_file():
         raise ServeInputError(f"--tiers {tiers_path}: no such file")
     _scheduler.TierSet.load(str(tiers_path))  # TierConfigError (a ValueError) names the problem
-    # The planner uses only the TP levels the workers run: the agent's own
-    # candidate levels (serve does not override them).
-    tp_levels = list(AgentConfig().tp_levels)
+    # The planner uses only the TP levels the workers run. Checked here, as
+    # the agent would, so a bad level is a one-line error before anything starts.
+    try:
+        AgentConfig(devices=args.devices, tp_levels=tuple(args.tp_levels))
+    except ValueError as e:
+        raise ServeInputError(str(e)) from None
+    tp_levels = sorted(set(args.tp_levels))
     profile_path = _check_profile(args.profile, tp_levels)
     _check_port(args.host, args.port)
     model_dir = resolve_model(args.model)  # ModelError lists the embedded models
     name = model_name(args.model)
+    try:
+        check_model_fits_tp_levels(args.model, tuple(tp_levels))
+    except ValueError as e:
+        raise ServeInputError(str(e)) from None
 
     worker_port = args.worker_port or _free_port("127.0.0.1")
     endpoint = f"tcp://127.0.0.1:{worker_port}"
@@ -249,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     agent = None
     gateway = None
     try:
-        agent = Agent(args.model, args.devices, endpoint, log_dir)
+        agent = Agent(args.model, args.devices, tp_levels, endpoint, log_dir)
         agent.wait_ready(_first_tier(tiers_path), args.devices, args.ready_timeout, stop)
         try:
             gateway = _scheduler.GatewayServer(str(tiers_path), name, str(model_dir), [(endpoint, args.devices)],

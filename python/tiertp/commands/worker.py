@@ -18,7 +18,8 @@ from tiertp.worker.config import AgentConfig
 _DEFAULTS = AgentConfig()
 
 
-def _levels(text: str) -> tuple[int, ...]:
+def parse_tp_levels(text: str) -> tuple[int, ...]:
+    """argparse type of --tp-levels (worker and serve)."""
     try:
         return tuple(int(t) for t in text.split(","))
     except ValueError:
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"embedded model ({', '.join(EMBEDDED_MODELS)}) or an HF model directory "
                         f"(default {_DEFAULTS.model})")
     p.add_argument("--devices", type=int, default=_DEFAULTS.devices, help="logical devices on CPU")
-    p.add_argument("--tp-levels", type=_levels, default=_DEFAULTS.tp_levels,
+    p.add_argument("--tp-levels", type=parse_tp_levels, default=_DEFAULTS.tp_levels,
                    help="candidate TP levels, e.g. 1,2,4: a warm process per aligned group at each level, "
                         "sharing one weight copy per device; plans switch between them")
     p.add_argument("--max-total-tokens", type=int, default=_DEFAULTS.max_total_tokens,
