@@ -5,7 +5,7 @@ leader, is driven over a pipe, one command at a time, each answered before
 the next is sent. Between two commands every rank sits at an iteration
 boundary with its KV quiescent: that is what `pause` means, and why pausing
 and resuming cost nothing (`pause` only makes `iterate` refuse to run until
-`resume`; export, reserve, adopt, release and calls stay allowed, so a
+`resume`; export, park, reserve, adopt, release and calls stay allowed, so a
 migration runs while paused).
 
 While waiting for an answer the controller watches every rank process: one
@@ -166,6 +166,17 @@ class TpInstance:
     def export(self, rids: list[RequestId]) -> list[RequestState]:
         """Each request's tokens, sampling and KV slots, for migration (nothing changes)."""
         return self._command("export", list(rids))
+
+    def park(self, rids: list[RequestId]) -> list[RequestState]:
+        """Export the requests (as `export`) and park them: iterations leave
+        them out (no decode, no token) while their KV stays where it is, for
+        a hand-off to read; then `release` (moved away) or `unpark`."""
+        return self._command("park", list(rids))
+
+    def unpark(self, rids: list[RequestId]) -> None:
+        """Parked requests continue here (a hand-off that failed): the next
+        iteration gives each the token a decode step would have."""
+        self._command("unpark", list(rids))
 
     def reserve_slots(self, counts: list[int]) -> list[list[int]]:
         """Allocate counts[i] KV slots per import; KVOutOfSpace (nothing allocated) if they do not all fit."""

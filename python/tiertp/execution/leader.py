@@ -16,6 +16,10 @@ Planning one iteration (`plan_iteration`):
    iteration.
 A running batch whose decode does not fit the KV pool is rejected: SGLang
 would retract a request; here the caller must release one.
+
+Parked requests (a hand-off in flight, tiertp.execution.rank_kv) are in
+neither the running batch nor the pending list, so iterations leave them
+alone; their KV still counts as used until they are released.
 """
 
 from __future__ import annotations
@@ -180,6 +184,22 @@ class Leader:
         if rows > self.kv.free_rows():
             raise CommandRejected(f"adopt: needs {rows} request rows, {self.kv.free_rows()} are free")
         return ops.Adopt(tuple((s.rid, s.token_ids, s.kv_len, s.slots) for s in states))
+
+    def plan_park(self, rids: list[RequestId]) -> list[RequestState]:
+        """Check `rids` can be parked; their states (as `export`: what a hand-off moves)."""
+        states = self.export(rids)
+        for rid in rids:
+            if rid in self.kv.parked:
+                raise CommandRejected(f"park: request {rid!r} is already parked")
+        return states
+
+    def plan_unpark(self, rids: list[RequestId]) -> tuple:
+        """(rid, token ids) per request to unpark (the ranks rebuild them from those)."""
+        self._known(rids, "unpark")
+        for rid in rids:
+            if rid not in self.kv.parked:
+                raise CommandRejected(f"unpark: request {rid!r} is not parked")
+        return tuple((rid, tuple(self.book[rid].token_ids)) for rid in rids)
 
     def book_adopted(self, states: list[RequestState]) -> None:
         for s in states:

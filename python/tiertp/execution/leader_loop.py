@@ -5,7 +5,10 @@ checked and planned by tiertp.execution.leader.Leader, broadcast to the
 followers, applied here, and answered. Replies: ("ready", InstanceInfo)
 once, then per command ("ok", value), ("rejected", CommandRejected) when it
 was refused with nothing changed, or ("call_failed", {rank: message}) when a
-`Call` target raised on some rank. `set_prefill_chunk` changes only the
+`Call` target raised on some rank. `park` / `unpark` reach the
+followers as `Call`s of tiertp.execution.rank_kv's targets (after the
+leader's checks they cannot fail: one that does ends the rank, as a failed
+forward would). `set_prefill_chunk` changes only the
 leader's planning (no operation reaches the followers). An exception
 anywhere else (a forward that raised: the ranks may disagree from here on)
 ends the rank process, which first sends ("failed", message).
@@ -105,6 +108,27 @@ class LeaderLoop:
         self._run(op)
         self.leader.book_adopted(states)
         return ("ok", None)
+
+    def _cmd_park(self, rids):
+        """Export and park in one command (one round trip for a hand-off)."""
+        from tiertp.execution.rank_kv import PARK
+
+        states = self.leader.plan_park(rids)
+        self._run_everywhere(PARK, list(rids))
+        return ("ok", states)
+
+    def _cmd_unpark(self, rids):
+        from tiertp.execution.rank_kv import UNPARK
+
+        self._run_everywhere(UNPARK, self.leader.plan_unpark(rids))
+        return ("ok", None)
+
+    def _run_everywhere(self, target: str, arg) -> None:
+        """Run a checked state change on every rank; raising (the ranks may now disagree) ends the rank."""
+        results = gather(self.ctx, self._run(ops.Call(target, arg)))
+        errors = [f"rank {r}: {res[1]}" for r, res in enumerate(results) if res[0] == "error"]
+        if errors:
+            raise RuntimeError(f"{target} failed after the leader's checks: {'; '.join(errors)}")
 
     def _cmd_call(self, payload):
         target, arg = payload

@@ -12,7 +12,12 @@ profile` times):
   hold; a request whose extend reaches its last token joins the running
   batch (SGLang's `filter_batch` + `merge_batch`, as its scheduler does);
 - a *decode* feeds one token per request of the running batch;
-- a request's KV is freed when it is released, whatever state it is in.
+- a request's KV is freed when it is released, whatever state it is in;
+- a *parked* request (a prefill -> decode hand-off in flight) leaves the
+  running batch (no decode step, no token) but keeps its row and slots
+  untouched, so another instance may still read its KV, until it is
+  released (it moved away) or unparked: it then re-enters like an adopted
+  request, its unfed newest token extended on top of the KV it holds.
 
 Every rank applies the same operations in the same order; the slots SGLang's
 allocator hands out then agree across ranks. Nothing here decides anything:
@@ -51,6 +56,7 @@ class RankKV:
         self.pending: list[RequestId] = []  # admitted/adopted, prefill not complete; admission order
         self.running: list[RequestId] = []  # the running batch, in batch order
         self._batch = None  # SGLang ScheduleBatch of `running` (None when empty)
+        self.parked: set[RequestId] = set()  # in neither list; KV kept as it is
         # Slots allocated for KV someone else writes (imports), not yet adopted.
         self.reserved = torch.zeros(self.slot_rows, dtype=torch.bool)
         self._sglang_rid = count()
@@ -111,10 +117,8 @@ class RankKV:
         self.reqs[rid] = req
         self.pending.append(rid)
 
-    def release(self, rids) -> None:
-        gone = set(rids)
-        if not gone:
-            return
+    def _leave_batch(self, gone: set) -> None:
+        """Take `gone` out of the running batch and the pending list (their KV stays)."""
         keep = [i for i, rid in enumerate(self.running) if rid not in gone]
         if len(keep) != len(self.running):
             if keep:
@@ -123,6 +127,38 @@ class RankKV:
                 self._batch = None
             self.running = [self.running[i] for i in keep]
         self.pending = [rid for rid in self.pending if rid not in gone]
+
+    def park(self, rids) -> None:
+        """Stop stepping `rids`; their row and slots stay exactly as they are."""
+        gone = set(rids)
+        self._leave_batch(gone)
+        self.parked |= gone
+
+    def unpark(self, items) -> None:
+        """(rid, token ids) per parked request, token ids as the leader knows
+        them (prompt, then outputs; the newest not fed yet). Each becomes a
+        fresh SGLang Req over the row it holds, as `adopt` builds one, first
+        in the pending list: the next iteration extends its unfed tail (one
+        token for a decoding request) and samples the token a decode step
+        would have."""
+        back = []
+        for rid, token_ids in items:
+            old = self.reqs[rid]
+            req = self._new_req(token_ids)
+            if old.kv.holds_kv:
+                req.kv.req_pool_idx = old.kv.req_pool_idx
+                req.kv.kv_allocated_len = req.kv.kv_committed_len = old.kv.kv_allocated_len
+            self.reqs[rid] = req
+            self.parked.discard(rid)
+            back.append(rid)
+        self.pending[:0] = back
+
+    def release(self, rids) -> None:
+        gone = set(rids)
+        if not gone:
+            return
+        self._leave_batch(gone)
+        self.parked -= gone
         for rid in rids:
             req = self.reqs.pop(rid)
             if req.kv.holds_kv:
@@ -195,3 +231,17 @@ class RankKV:
 
     def reserved_count(self) -> int:
         return int(self.reserved.sum())
+
+
+# --- `Call` targets: park / unpark on every rank -------------------------
+# (The leader checks first, then runs them on every rank through ops.Call.)
+PARK = "tiertp.execution.rank_kv:park_on_rank"
+UNPARK = "tiertp.execution.rank_kv:unpark_on_rank"
+
+
+def park_on_rank(handle, rids) -> None:
+    handle.kv.park(rids)
+
+
+def unpark_on_rank(handle, items) -> None:
+    handle.kv.unpark(items)

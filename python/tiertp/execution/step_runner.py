@@ -6,7 +6,8 @@ appears; the others decode; released requests are handed to the instance
 with the next step (their KV is freed before that step's forwards, saving a
 round trip per finished request). The instance keeps every request's KV and
 tokens between steps, so the token lists in StepInput are read only for new
-requests.
+requests. Parked requests (a hand-off in flight: `park`) are left out of
+the steps until they are unparked, released or moved away.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class InstanceStepRunner(StepRunner):
         self.instance: TpInstance | None = None
         self._held: set[int] = set()  # requests the instance holds, released ones excluded
         self._to_release: list[int] = []
+        self._parked: set[int] = set()  # held, but not stepped (see `park`)
 
     def start(self) -> ModelLimits:
         self.instance = TpInstance(self.spec)
@@ -43,9 +45,13 @@ class InstanceStepRunner(StepRunner):
 
     def step(self, batch: list[StepInput]) -> list[StepOutput]:
         rids = {r.rid for r in batch}
-        missing = self._held - rids
+        missing = self._held - self._parked - rids
         if missing:
             raise RuntimeError(f"requests {sorted(missing)[:8]} were left out of a step without being released")
+        stepped_parked = rids & self._parked
+        if stepped_parked:
+            raise RuntimeError(f"requests {sorted(stepped_parked)[:8]} are parked (a hand-off is in flight); "
+                               "unpark them before stepping them")
         admit = [NewRequest(r.rid, r.token_ids, Sampling(r.temperature, r.top_p, r.seed, r.stop_token_ids))
                  for r in batch if r.rid not in self._held]
         release, self._to_release = self._to_release, []
@@ -64,6 +70,7 @@ class InstanceStepRunner(StepRunner):
         for rid in rids:
             if rid in self._held:
                 self._held.discard(rid)
+                self._parked.discard(rid)  # a parked request's KV is freed like any other's
                 self._to_release.append(rid)
 
     def set_prefill_chunk(self, tokens: int | None) -> bool:
@@ -90,6 +97,31 @@ class InstanceStepRunner(StepRunner):
     def moved_away(self, rids: list[int]) -> None:
         """The requests left for another instance, which already freed their KV here."""
         self._held -= set(rids)
+        self._parked -= set(rids)
+
+    def park(self, rids: list[int]) -> list:
+        """Export and park held requests (TpInstance.park): steps leave them out
+        until `unpark`, `release` or `moved_away`. Their RequestStates."""
+        unknown = [rid for rid in rids if rid not in self._held or rid in self._parked]
+        if unknown:
+            raise RuntimeError(f"park: requests {unknown[:8]} are not held (or already parked) by this runner")
+        try:
+            states = self.instance.park(list(rids))
+        except InstanceFailed as e:
+            raise RunnerDied(str(e)) from e
+        self._parked |= set(rids)
+        return states
+
+    def unpark(self, rids: list[int]) -> None:
+        """Parked requests continue decoding here (the next step gives their next token)."""
+        rids = [rid for rid in rids if rid in self._parked]
+        if not rids:
+            return
+        try:
+            self.instance.unpark(rids)
+        except InstanceFailed as e:
+            raise RunnerDied(str(e)) from e
+        self._parked -= set(rids)
 
     def close(self) -> None:
         instance, self.instance = self.instance, None

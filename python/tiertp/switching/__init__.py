@@ -24,9 +24,10 @@ instances' ranks meet through), relay (the slow path through the controller
 for TP levels tiertp.kv does not plan, e.g. TP3 of SmolLM2's 3 KV heads),
 weight_binder (InstanceSpec.weight_binder over tiertp.weights), result, errors.
 
-Limits: a hand-off is not overlapped with the prefill instance's next batch
-(the prefill instance is paused while its requests' KV moves); the relay
-path copies through the controller's pipes (correct, not fast).
+A hand-off is overlapped with the prefill instance's next iterations: its
+requests are parked there while their KV moves (see the coordinator).
+Limits: the relay path copies through the controller's pipes (correct, not
+fast) and resumes the source only once the relay is done.
 """
 
 from tiertp.switching.control_store import ControlStore

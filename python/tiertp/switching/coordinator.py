@@ -20,6 +20,18 @@ the destination (requests without KV move as metadata and prefill there),
 resume the destination (the end of the stop time), release the requests on
 the sources.
 
+A hand-off is overlapped with the source's next iterations (`hand_off`,
+the default): instead of staying paused for the whole migration, the
+source *parks* the requests (they leave its running batch, their KV slots
+untouched) and resumes as soon as its own ranks finished their part of the
+migration: the handshake when the destination pulls the KV out of the
+source's pool (on CPU), the last chunk sent when it was staged. The
+source's other requests decode and new ones prefill meanwhile (into other
+slots: a parked request's slots are neither freed nor written) while the
+destination copies, adopts and resumes; only then does the source release
+the requests. If the hand-off fails, the source unparks them: they
+continue there with exactly the tokens they would have had.
+
 Rollback: until the destination adopted the requests, a failure anywhere
 (MigrationAborted: the destination is out of KV space, a rank error, a rank
 that died) undoes the switch: destination ranks free the slots they had
@@ -31,7 +43,7 @@ continue exactly as if nothing had happened.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import RequestId
@@ -83,9 +95,25 @@ class SwitchCoordinator:
         sources stay paused afterwards, `dest` runs."""
         return self._transfer(list(sources), dest, keep_sources_paused=True)
 
-    def hand_off(self, source: TpInstance, rids: Sequence[RequestId], dest: TpInstance) -> SwitchResult:
-        """Move `rids` from `source` to `dest`; both run afterwards."""
-        return self._transfer([(source, rids)], dest, keep_sources_paused=False)
+    def hand_off(self, source: TpInstance, rids: Sequence[RequestId], dest: TpInstance, overlap: bool = True,
+                 on_source_resumed: Callable[[], None] | None = None) -> SwitchResult:
+        """Move `rids` from `source` to `dest`; both run afterwards.
+
+        `overlap` (the default): the source iterates its other requests while
+        the KV moves (the requests are parked there, then released; see the
+        module doc). A source the caller had paused stays paused throughout.
+        The moved requests are those the source parked: a RemoteInstance
+        skips ones that finished meanwhile (SwitchResult.moved says which).
+        `on_source_resumed` runs in this thread once the source may iterate
+        again, before waiting for the destination (a caller driving the
+        source from this same thread iterates it there; it must not touch
+        `dest` nor the parked requests; raising rolls the hand-off back).
+        `overlap=False`: the source is paused until it released them."""
+        if not overlap:
+            if on_source_resumed is not None:
+                raise SwitchSetupError("on_source_resumed needs an overlapped hand-off")
+            return self._transfer([(source, rids)], dest, keep_sources_paused=False)
+        return self._hand_off_overlapped(source, list(rids), dest, on_source_resumed)
 
     # --- the mechanism --------------------------------------------------
     def _transfer(self, sources: list[Source], dest: TpInstance, keep_sources_paused: bool) -> SwitchResult:
@@ -110,17 +138,7 @@ class SwitchCoordinator:
                 pages, relayed = relay([(src, states) for (src, _), states in zip(sources, exported)], dest)
                 moved_bytes, rank_ms, path = (relayed, 0, 0), 0.0, "relay"
             clock.mark("migrate")
-            states = [s.with_slots(pages[s.rid]) if s.kv_len else s for batch in exported for s in batch]
-            try:
-                if states:
-                    dest.adopt(states)
-            except BaseException:
-                if pages and not _is_closed(dest):
-                    try:
-                        dest.free_slots([slot for slots in pages.values() for slot in slots])
-                    except Exception:  # noqa: BLE001 - the adopt's failure is the one to report
-                        pass
-                raise
+            _adopt(dest, [s for batch in exported for s in batch], pages)
             clock.mark("adopt")
         except BaseException as e:
             lost = self._restore(sources, instances, was_paused)
@@ -129,6 +147,7 @@ class SwitchCoordinator:
         # run at once; the sources free their copies after (still paused).
         dest.resume()
         stop_ms = clock.total()
+        source_stop_ms = None
         try:
             for src, rids in sources:
                 if rids:
@@ -138,17 +157,80 @@ class SwitchCoordinator:
             for inst, paused in zip(instances[:-1], was_paused):
                 if not (keep_sources_paused or paused) and not _is_closed(inst):
                     inst.resume()
-        moved = [s for batch in exported for s in batch if s.kv_len]
-        return SwitchResult(moved=tuple(s.rid for s in moved),
-                            metadata_only=tuple(s.rid for batch in exported for s in batch if not s.kv_len),
-                            kv_tokens=sum(s.kv_len for s in moved), bytes_between=moved_bytes[0],
-                            bytes_local=moved_bytes[1], bytes_pulled=moved_bytes[2], stop_ms=stop_ms,
-                            parts_ms={**clock.parts, "migrate_rank_max": rank_ms}, path=path)
+            if not keep_sources_paused:
+                source_stop_ms = clock.total()
+        return _result(exported, moved_bytes, stop_ms, {**clock.parts, "migrate_rank_max": rank_ms}, path,
+                       source_stop_ms)
 
-    def _migrate(self, sp: SwitchPlan, sources: list[Source], dest: TpInstance):
+    def _hand_off_overlapped(self, source: TpInstance, rids: list[RequestId], dest: TpInstance,
+                             on_source_resumed: Callable[[], None] | None) -> SwitchResult:
+        _check([(source, rids)], dest)
+        was_paused = [source.paused, dest.paused]
+        clock = _Clock()
+        source_stop: list[float] = []  # ms from pausing to resuming the source, once it resumed
+
+        def resume_source() -> None:
+            # The source's part of the migration is over: it may iterate again
+            # (its parked requests' slots stay as they are until released).
+            if source_stop:
+                return
+            source_stop.append(clock.total())
+            if not was_paused[0] and not _is_closed(source):
+                source.resume()
+            if on_source_resumed is not None:
+                on_source_resumed()
+
+        source.pause()
+        dest.pause()
+        parked: list[RequestId] = []
+        try:
+            exported = source.park(rids)  # export + park: one round trip
+            parked = [s.rid for s in exported]
+            clock.mark("export")
+            moving = [(source, parked)]
+            if plannable(source.spec.tp) and plannable(dest.spec.tp):
+                sp = plan_switch(kv_shape(dest.info), [source.spec.devices], dest.spec.devices, [exported])
+                clock.mark("plan")
+                by_name, moved_bytes, rank_ms = (self._migrate(sp, moving, dest, on_sources_done=resume_source)
+                                                 if sp.plan.moves else ({}, (0, 0, 0), 0.0))
+                pages = {sp.names[name]: slots for name, slots in by_name.items()}
+                path = "kv-migrate"
+            else:  # the relay reads the source itself: it resumes once the relay is done
+                pages, relayed = relay([(source, exported)], dest)
+                moved_bytes, rank_ms, path = (relayed, 0, 0), 0.0, "relay"
+            resume_source()  # nothing to migrate, or the relay
+            clock.mark("migrate")
+            _adopt(dest, exported, pages)
+            clock.mark("adopt")
+        except BaseException as e:
+            cause = _describe(e)
+            if parked and not _is_closed(source):
+                try:  # they continue on the source, exactly as they would have
+                    source.unpark(parked)
+                except Exception as ue:  # noqa: BLE001 - reported with the failure that caused it
+                    cause += f"; unparking the requests on the source failed too: {_describe(ue)}"
+            lost = self._restore([(source, rids)], [source, dest], was_paused)
+            raise SwitchRolledBack(cause, lost) from e
+        dest.resume()
+        stop_ms = clock.total()
+        if parked:
+            source.release(parked)
+        clock.mark("release_after_resume")
+        parts = {**clock.parts, "migrate_rank_max": rank_ms, "source_stop": source_stop[0]}
+        return _result([exported], moved_bytes, stop_ms, parts, path, source_stop[0])
+
+    def _rank_call(self, call: rank_migrate.MigrationCall) -> tuple[str, object]:
+        """The `call_on_ranks` (target, arg) running one instance's part of a
+        migration. A seam for tests (e.g. to hold a destination's copy back)."""
+        return rank_migrate.RUN, call
+
+    def _migrate(self, sp: SwitchPlan, sources: list[Source], dest: TpInstance,
+                 on_sources_done: Callable[[], None] | None = None):
         """tiertp.kv.migrate on every rank at once. Returns (plan request id ->
         destination slots, (bytes between processes, bytes local, bytes the
-        destination pulled), slowest rank's ms).
+        destination pulled), slowest rank's ms). `on_sources_done` runs once
+        every source's call is back (their ranks are done with the migration;
+        the destination may still be copying out of their pools).
         On failure the destination ranks' slots are freed and the error raised."""
         plan = sp.plan
         members = sum(src.spec.tp for src, _ in sources) + dest.spec.tp
@@ -166,15 +248,33 @@ class SwitchCoordinator:
         started, errors = [], []
         for inst, call in calls:
             try:
-                started.append((inst, inst.begin_call(rank_migrate.RUN, call, timeout_s=3 * self.timeout_s)))
+                target, arg = self._rank_call(call)
+                started.append((inst, inst.begin_call(target, arg, timeout_s=3 * self.timeout_s)))
             except Exception as e:  # this instance is gone; its peers time out and report it too
                 errors.append(f"TP{inst.spec.tp} instance on devices {list(inst.spec.devices)}: {_describe(e)}")
         results = {}
-        for inst, pending in started:
+
+        def collect(inst, pending) -> None:
             try:
                 results[id(inst)] = pending.result()
             except Exception as e:
                 errors.append(f"TP{inst.spec.tp} instance on devices {list(inst.spec.devices)}: {_describe(e)}")
+
+        # The sources' answers first: a source rank returns right after the
+        # handshake when the destination pulls its pairs (it is not needed
+        # for the copy), after its last chunk when they are staged. Either
+        # way its ranks are done with this migration once it answered.
+        for inst, pending in started:
+            if inst is not dest:
+                collect(inst, pending)
+        if on_sources_done is not None:
+            try:
+                on_sources_done()
+            except Exception as e:  # the destination's answer must still be read below
+                errors.append(f"once the sources were done: {_describe(e)}")
+        for inst, pending in started:
+            if inst is dest:
+                collect(inst, pending)
         per_rank = results.get(id(dest))
         errors += _by_message([(r["id"], r["error"]) for rs in results.values() for r in rs if "error" in r])
         if not errors and any(r["pages_digest"] != per_rank[0]["pages_digest"] for r in per_rank):
@@ -199,6 +299,32 @@ class SwitchCoordinator:
             if not paused and not _is_closed(inst):
                 inst.resume()
         return tuple(i for i, (src, _) in enumerate(sources) if _is_closed(src))
+
+
+def _adopt(dest: TpInstance, exported: list, pages: dict) -> None:
+    """`dest` adopts the exported requests (RequestStates), their KV now in
+    `pages` (request id -> destination slots); on failure those slots are freed."""
+    states = [s.with_slots(pages[s.rid]) if s.kv_len else s for s in exported]
+    try:
+        if states:
+            dest.adopt(states)
+    except BaseException:
+        if pages and not _is_closed(dest):
+            try:
+                dest.free_slots([slot for slots in pages.values() for slot in slots])
+            except Exception:  # noqa: BLE001 - the adopt's failure is the one to report
+                pass
+        raise
+
+
+def _result(exported: list[list], moved_bytes: tuple[int, int, int], stop_ms: float, parts_ms: dict, path: str,
+            source_stop_ms: float | None) -> SwitchResult:
+    moved = [s for batch in exported for s in batch if s.kv_len]
+    return SwitchResult(moved=tuple(s.rid for s in moved),
+                        metadata_only=tuple(s.rid for batch in exported for s in batch if not s.kv_len),
+                        kv_tokens=sum(s.kv_len for s in moved), bytes_between=moved_bytes[0],
+                        bytes_local=moved_bytes[1], bytes_pulled=moved_bytes[2], stop_ms=stop_ms,
+                        parts_ms=parts_ms, path=path, source_stop_ms=source_stop_ms)
 
 
 class _MigrationFailed(Exception):

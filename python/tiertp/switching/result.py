@@ -18,7 +18,14 @@ class SwitchResult:
     bytes_between, the destination's ranks copied themselves straight out of
     the sources' shared pools (on CPU; the rest was staged through shared
     memory segments); on the relay path `bytes_between` is what crossed the
-    controller."""
+    controller.
+
+    `source_stop_ms`: how long the source(s) could not iterate. A switch
+    leaves its sources paused (None); a plain transfer resumes them after
+    the release (stop_ms plus that); an overlapped hand-off resumes its
+    source as soon as the source's ranks finished their part of the
+    migration (the handshake, when the destination pulls the KV itself),
+    long before the destination adopts."""
 
     moved: tuple  # request ids that moved with their KV
     metadata_only: tuple  # request ids that moved without KV (waiting for prefill)
@@ -29,3 +36,4 @@ class SwitchResult:
     parts_ms: dict = field(default_factory=dict)
     path: str = "kv-migrate"  # or "relay": through the controller, for TP levels tiertp.kv cannot plan
     bytes_pulled: int = 0
+    source_stop_ms: float | None = None

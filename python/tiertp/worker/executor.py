@@ -74,6 +74,9 @@ class ExecutionLoop:
         self._set_caps(batch_cap, token_cap)
         self.waiting: dict[int, ExecRequest] = {}
         self.running: dict[int, ExecRequest] = {}  # insertion order = batch order
+        # Parked by a hand-off in flight (switch_ops ``park``): not stepped, not
+        # running, but their KV is still held here until released or unparked.
+        self.parked: dict[int, ExecRequest] = {}
         self.parent = os.getppid()
         self.stop = False
         # Paused by a switch (tiertp.worker.switch_ops): no iteration runs until
@@ -96,7 +99,8 @@ class ExecutionLoop:
         self.send({"type": "load", **self._load()})
 
     def _load(self) -> dict:
-        kv = sum(len(r.input_ids) + len(r.output) for r in self.running.values())
+        # Parked requests count in the KV they still hold, not as running.
+        kv = sum(len(r.input_ids) + len(r.output) for r in (*self.running.values(), *self.parked.values()))
         return {"running": len(self.running), "waiting": len(self.waiting), "kv_used_tokens": kv}
 
     def _handle(self, msg: dict) -> None:
@@ -109,7 +113,9 @@ class ExecutionLoop:
         elif kind == "cancel":
             self.policy.remove(msg["rid"])
             self.waiting.pop(msg["rid"], None)
-            if self.running.pop(msg["rid"], None) is not None:
+            # A parked request (hand-off in flight) is released too: the hand-off then skips it.
+            held = self.running.pop(msg["rid"], None), self.parked.pop(msg["rid"], None)
+            if any(r is not None for r in held):
                 self.runner.release([msg["rid"]])
             # The agent's stats come from this process's reports; without this
             # one they would show the cancelled request until the next ping.
@@ -148,7 +154,8 @@ class ExecutionLoop:
         which is at most the pool."""
         if self.kv_capacity is None:
             return self.policy.next_batch(len(self.running))
-        left = self.kv_capacity - sum(r.kv_reserved for r in self.running.values())
+        held = (*self.running.values(), *self.parked.values())  # parked ones keep their KV
+        left = self.kv_capacity - sum(r.kv_reserved for r in held)
         return self.policy.next_batch_within(len(self.running), max(0, left),
                                              {r.rid: r.kv_reserved for r in self.waiting.values()})
 

@@ -4,8 +4,8 @@ tiertp.switching.SwitchCoordinator moves requests between TpInstance
 objects it calls directly; in the node agent every instance lives in its own
 execution process (so a dying instance takes only its process down). This
 proxy gives the coordinator the same surface (`spec`, `info`, `closed`,
-`paused`, pause/resume/export/adopt/release/free_slots/call_on_ranks/
-begin_call) by sending ``op`` messages (tiertp.worker.switch_ops) and
+`paused`, pause/resume/export/park/unpark/adopt/release/free_slots/
+call_on_ranks/begin_call) by sending ``op`` messages (tiertp.worker.switch_ops) and
 waiting for their ``op_done``.
 
 While it waits, the process may still send what it sent before reading the
@@ -91,6 +91,15 @@ class RemoteInstance:
 
     def export(self, rids: list[int]) -> list:
         return self._call("export", list(rids))
+
+    def park(self, rids: list[int]) -> list:
+        """Export and park those of `rids` still running (finished ones are
+        skipped: the states say which); the process may iterate its other
+        requests while they are parked."""
+        return self._call("park", list(rids))
+
+    def unpark(self, rids: list[int]) -> None:
+        self._call("unpark", list(rids))
 
     def adopt(self, states: list) -> None:
         self._call("adopt", (list(states), {s.rid: self._max_tokens(s.rid) for s in states}))

@@ -18,6 +18,13 @@ None, error: str | None}. Names (`OPS`):
 - ``export`` [rid...] -> [RequestState...];
 - ``adopt`` ([RequestState...], {rid: max_tokens}): the requests join the
   running batch, their KV already written into the instance's slots;
+- ``park`` [rid...] -> [RequestState...]: a prefill -> decode hand-off
+  takes those of the requests still running (others finished meanwhile and
+  are skipped) out of the batch, KV kept, and answers their states (as
+  ``export``); the process may resume iterating its other requests while
+  the destination copies that KV; then ``release`` (moved) or ``unpark``;
+- ``unpark`` [rid...]: parked requests rejoin the batch (the hand-off
+  failed); the next iteration gives each the token it would have had;
 - ``release`` [rid...]: the requests moved away: free their KV, drop them;
 - ``free_slots`` [slot...]; ``call`` (target, arg, timeout_s): call_on_ranks.
 
@@ -38,7 +45,7 @@ from tiertp.worker.runner import RunnerDied
 if TYPE_CHECKING:
     from tiertp.worker.executor import ExecutionLoop
 
-OPS = ("info", "pause", "resume", "export", "adopt", "release", "free_slots", "call")
+OPS = ("info", "pause", "resume", "export", "park", "unpark", "adopt", "release", "free_slots", "call")
 
 
 class SwitchOps:
@@ -60,7 +67,7 @@ class SwitchOps:
             arg = pickle.loads(msg["arg"]) if msg.get("arg") is not None else None
             value = getattr(self, f"_{name}")(instance, arg)
             return {"type": "op_done", "op_id": op_id, "ok": True, "value": pickle.dumps(value), "error": None}
-        except InstanceFailed as e:
+        except (InstanceFailed, RunnerDied) as e:
             self.loop.send({"type": "op_done", "op_id": op_id, "ok": False, "value": None,
                             "error": f"InstanceFailed: {e}"})
             raise RunnerDied(str(e)) from e
@@ -89,6 +96,26 @@ class SwitchOps:
     def _export(self, instance, rids):
         return instance.export(list(rids))
 
+    def _park(self, instance, rids):
+        loop = self.loop
+        rids = [rid for rid in rids if rid in loop.running]
+        if not rids:
+            return []
+        states = loop.runner.park(rids)
+        for rid in rids:
+            loop.parked[rid] = loop.running.pop(rid)
+        loop.send_load()
+        return states
+
+    def _unpark(self, instance, rids):
+        loop = self.loop
+        back = [rid for rid in rids if rid in loop.parked]  # a cancelled one is gone already
+        if back:
+            loop.runner.unpark(back)
+            for rid in back:
+                loop.running[rid] = loop.parked.pop(rid)
+            loop.send_load()
+
     def _adopt(self, instance, arg):
         states, max_tokens = arg
         loop = self.loop
@@ -103,12 +130,13 @@ class SwitchOps:
 
     def _release(self, instance, rids):
         loop = self.loop
-        moved = [rid for rid in rids if rid in loop.running]
+        moved = [rid for rid in rids if rid in loop.running or rid in loop.parked]
         if moved:
             instance.release(moved)
             loop.runner.moved_away(moved)
         for rid in rids:
             loop.running.pop(rid, None)
+            loop.parked.pop(rid, None)
             if loop.waiting.pop(rid, None) is not None:
                 loop.policy.remove(rid)
         loop.send_load()

@@ -92,7 +92,7 @@ class Switcher:
             for (g, inst), rids in zip(dests, shares):
                 if not rids:
                     continue
-                self.coordinator.hand_off(src, rids, inst)
+                self.coordinator.hand_off(src, rids, inst, overlap=False)  # a split: the source stays paused
                 self._on_moved(rids, g)
                 done.append((g, inst, rids))
         except SwitchError as e:
@@ -102,7 +102,7 @@ class Switcher:
     def _hand_back(self, done, src_group: TpGroup, src: RemoteInstance) -> None:
         for g, inst, rids in reversed(done):
             try:
-                self.coordinator.hand_off(inst, rids, src)
+                self.coordinator.hand_off(inst, rids, src, overlap=False)
                 self._on_moved(rids, src_group)
             except (SwitchError, RemoteOpFailed) as e:  # they keep running where they are; the agent still knows where
                 log.error("undoing a split: %d request(s) stay on TP%d%s: %s", len(rids), g.tp, list(g.devices), e)
@@ -120,18 +120,17 @@ class Switcher:
     # --- prefill -> decode --------------------------------------------------
     def hand_off(self, src_group: TpGroup, src: RemoteInstance, rids: list[int], dest_group: TpGroup,
                  dest: RemoteInstance) -> list[int]:
-        """Move those of `rids` still running on `src` to `dest`; both run after. The rids moved."""
-        src.pause()
+        """Move those of `rids` still running on `src` to `dest`; both run after. The rids moved.
+
+        Overlapped: `src` parks them (those that finished meanwhile stay and
+        are skipped) and goes on iterating its other requests while their KV
+        moves; it releases them once `dest` adopted them, or, if the hand-off
+        fails, they continue decoding on `src`."""
         try:
-            running = set(src.held["running"])
-            move = [r for r in rids if r in running]
-            if move:
-                try:
-                    self.coordinator.hand_off(src, move, dest)
-                except SwitchError as e:
-                    raise ChangeFailed(str(e)) from e
-                self._on_moved(move, dest_group)
-            return move
-        finally:
-            if not src.closed:
-                src.resume()
+            result = self.coordinator.hand_off(src, rids, dest)
+        except SwitchError as e:
+            raise ChangeFailed(str(e)) from e
+        move = [*result.moved, *result.metadata_only]
+        if move:
+            self._on_moved(move, dest_group)
+        return move
