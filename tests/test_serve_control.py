@@ -54,20 +54,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-control")
+def started_with_tiers(tmp, tiers_text: str, args: tuple[str, ...] = ()):
+    """A generator for module fixtures: `started` with this tier file, the
+    H100 Llama-3.1-8B profile, a 0.25 s window and the agent on a port
+    chosen here (`serve.agent_endpoint`, for `agent_stats`)."""
     tiers = tmp / "tiers.toml"
-    tiers.write_text(TIERS)
+    tiers.write_text(tiers_text)
     port = _free_port()
     profile = resolve("h100", "llama-3.1-8b")
     s = started(tmp, ("--tiers", str(tiers), "--window", "0.25", "--worker-port", str(port),
-                      "--profile", str(profile)))
+                      "--profile", str(profile), *args))
     serve = next(s)
     assert f"profile {profile}" in "".join(serve.lines)
     serve.agent_endpoint = f"tcp://127.0.0.1:{port}"
     yield serve
     next(s, None)
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    yield from started_with_tiers(tmp_path_factory.mktemp("serve-control"), TIERS)
 
 
 def client(serve, key: str) -> openai.OpenAI:

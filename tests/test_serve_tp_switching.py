@@ -18,10 +18,8 @@ import time
 
 import openai
 import pytest
-from test_serve_control import _free_port, agent_stats, gateway_plan
-from test_serve_openai import MODEL, started
-
-from tiertp.profiles import resolve
+from test_serve_control import agent_stats, gateway_plan, started_with_tiers
+from test_serve_openai import MODEL
 
 TIERS = """
 [[tier]]
@@ -36,16 +34,7 @@ PROMPT = "the quick brown fox"
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-tp")
-    tiers = tmp / "tiers.toml"
-    tiers.write_text(TIERS)
-    port = _free_port()
-    s = started(tmp, ("--devices", "3", "--tp-levels", "1,2", "--tiers", str(tiers), "--window", "0.25",
-                      "--worker-port", str(port), "--profile", str(resolve("h100", "llama-3.1-8b"))))
-    serve = next(s)
-    serve.agent_endpoint = f"tcp://127.0.0.1:{port}"
-    yield serve
-    next(s, None)
+    yield from started_with_tiers(tmp_path_factory.mktemp("serve-tp"), TIERS, ("--devices", "3", "--tp-levels", "1,2"))
 
 
 def _complete(c: openai.OpenAI) -> str:
