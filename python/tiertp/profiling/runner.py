@@ -8,7 +8,6 @@ and finally writes the validated profile (tiertp.profiling.writer).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,12 @@ from pathlib import Path
 from tiertp.engine import sglang_compat
 from tiertp.engine.isolated import run_isolated
 from tiertp.engine.models import model_name, resolve_model
+from tiertp.profiles.models import DecoderShape
 from tiertp.profiling import provenance
 from tiertp.profiling.checkpoint import checkpoint_path, open_checkpoint, read_records
 from tiertp.profiling.grid import Grid, check_tp_fits_model, grid_for, measured_cells
 from tiertp.profiling.writer import build_profile, write_validated
+from tiertp.weights.checkpoint import read_config
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +47,9 @@ class ProfileRequest:
     seed: int = 0
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def from_config(cls, path: Path) -> ModelShape:
-        cfg = json.loads((path / "config.json").read_text())
-        heads = int(cfg["num_attention_heads"])
-        return cls(
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads", heads)),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-        )
-
-    def kv_bytes_per_token(self, dtype: str) -> int:
-        """K and V of one token, all layers, all KV heads (the whole model, not one rank)."""
-        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * _DTYPE_BYTES[dtype]
+def kv_bytes_per_token(shape: DecoderShape, dtype: str) -> int:
+    """K and V of one token, all layers, all KV heads (the whole model, not one rank), in `dtype`."""
+    return shape.layers * 2 * shape.kv_dim * _DTYPE_BYTES[dtype]
 
 
 def checkpoint_header(model: str, device: str, grid: Grid, seed: int) -> dict:
@@ -88,9 +71,9 @@ def run_profile(req: ProfileRequest, progress_bar: bool = True) -> dict:
     if req.device == "cuda":
         sglang_compat.check_cuda_available()
     path = resolve_model(req.model)
-    shape = ModelShape.from_config(path)
+    shape = DecoderShape(**DecoderShape.fields_from_config(read_config(path)))
     name = model_name(req.model)
-    check_tp_fits_model(req.tp_levels, shape.num_heads, shape.num_kv_heads, name)
+    check_tp_fits_model(req.tp_levels, shape.heads, shape.kv_heads, name)
     grid = grid_for(req.device, req.quick)
     dtype = sglang_compat.engine_kwargs(req.device, 1)["dtype"]
     run = checkpoint_header(name, req.device, grid, req.seed)
@@ -134,7 +117,7 @@ def run_profile(req: ProfileRequest, progress_bar: bool = True) -> dict:
         gpu=req.gpu or provenance.device_name(req.device),
         model=name,
         dtype=dtype,
-        kv_bytes_per_token=shape.kv_bytes_per_token(dtype),
+        kv_bytes_per_token=kv_bytes_per_token(shape, dtype),
         grid=grid,
         tp_levels=req.tp_levels,
         progress=progress,
