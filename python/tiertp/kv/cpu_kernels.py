@@ -19,7 +19,7 @@ import tempfile
 import torch
 
 from tiertp.kv.errors import KVMigrationError
-from tiertp.kv.kernels import KVKernels, check_staging
+from tiertp.kv.kernels import KVKernels, check_pool, check_staging
 from tiertp.kv.paths import cache_dir, kernel_dir
 
 _I64 = ctypes.c_int64
@@ -147,21 +147,13 @@ class CpuKernels(KVKernels):
 
 
 def _check_side(k_buffers, v_buffers, ids: torch.Tensor, page_size: int, head_start: int, head_count: int) -> None:
-    """copy_pages' checks of one pool (the staging-free twin of check_staging)."""
-    if len(k_buffers) != len(v_buffers) or not k_buffers:
-        raise ValueError("need the same non-zero number of K and V buffers")
-    first = k_buffers[0]
-    bufs = (*k_buffers, *v_buffers)
-    if first.dim() != 3 or any(b.shape != first.shape or b.dtype != first.dtype for b in bufs):
-        raise ValueError("K and V buffers must all be [slots, heads, head_dim] of one dtype")
-    if first.device.type != "cpu" or not all(b.is_contiguous() for b in bufs):
+    """copy_pages' checks of one pool: check_pool's, and what the native
+    copy needs besides (contiguous CPU buffers, page ids inside the pool)."""
+    check_pool(k_buffers, v_buffers, ids, page_size, head_start, head_count)
+    if k_buffers[0].device.type != "cpu" or not all(b.is_contiguous() for b in (*k_buffers, *v_buffers)):
         raise ValueError("CpuKernels copies contiguous CPU tensors only")
-    if not 0 <= head_start or head_start + head_count > first.shape[1]:
-        raise ValueError(f"heads [{head_start}, {head_start + head_count}) outside the pool's {first.shape[1]}")
-    if ids.dtype != torch.long or ids.dim() != 1:
-        raise ValueError("page_ids must be a 1-D int64 tensor")
-    if first.shape[0] % page_size or int(ids.min()) < 0 or (int(ids.max()) + 1) * page_size > first.shape[0]:
-        raise ValueError("page id outside the pool (or slots not a multiple of the page size)")
+    if int(ids.min()) < 0 or (int(ids.max()) + 1) * page_size > k_buffers[0].shape[0]:
+        raise ValueError("page id outside the pool")
 
 
 def _run_starts(ids: torch.Tensor) -> list[int]:

@@ -69,7 +69,7 @@ def _run_on(cores: tuple[int, ...]) -> None:
 
 def migrate(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | None, new_pool: KVPool | None, *,
             transport: Transport | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES, slots: int = 2,
-            kernels: KVKernels | None = None) -> MigrationResult:
+            kernels: KVKernels | None = None, borrow_source_cores: bool = True) -> MigrationResult:
     """Collective over ctx.group: every participant calls it with the same plan.
 
     Handshake first (may raise MigrationAborted with nothing written); it
@@ -78,8 +78,10 @@ def migrate(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | None,
     thread per outgoing and per incoming peer streams that pair's moves in
     chunks of at most chunk_bytes through `slots` alternating staging
     buffers (2 = double buffering); meanwhile the calling thread copies the
-    local moves and one thread per pulled source that source's. Old pools
-    are only read, so any failure leaves the old layout intact; on a
+    local moves and one thread per pulled source that source's (on that
+    source's cores when there are several and `borrow_source_cores`: only
+    right while the sources wait for the migration, not when one goes on
+    running). Old pools are only read, so any failure leaves the old layout intact; on a
     failure after the handshake this GPU's new pages are freed again and
     the error is raised.
     """
@@ -90,14 +92,16 @@ def migrate(ctx: MigrationContext, plan: MigrationPlan, old_pool: KVPool | None,
     if not plan.moves:
         return MigrationResult(new_pages)
     try:
-        return _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes, slots, kernels)
+        return _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes, slots, kernels,
+                    borrow_source_cores)
     except BaseException:
         for pages in new_pages.values():
             new_pool.allocator.free(pages)
         raise
 
 
-def _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes, slots, kernels) -> MigrationResult:
+def _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes, slots, kernels,
+         borrow_source_cores) -> MigrationResult:
     me = ctx.gpu
     pool = old_pool or new_pool
     device = pool.device if pool is not None else torch.device("cpu")  # an idle participant still joins open()
@@ -133,7 +137,8 @@ def _run(ctx, plan, old_pool, new_pool, new_pages, pulls, transport, chunk_bytes
                                  name=f"kv-recv-{s}-{me}", daemon=True) for s, ch in inc.items()]
     # Pulling from several sources: each copy on its source's cores (idle
     # while the sources wait), not all of them on this receiver's.
-    threads += [threading.Thread(target=guarded, args=(pull, src, peer, len(pulls.pools) > 1),
+    spread = borrow_source_cores and len(pulls.pools) > 1
+    threads += [threading.Thread(target=guarded, args=(pull, src, peer, spread),
                                  name=f"kv-pull-{src}-{me}", daemon=True) for src, peer in pulls.pools.items()]
     for t in threads:
         t.start()

@@ -51,28 +51,37 @@ class KVKernels(ABC):
         return False
 
 
-def check_staging(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
-                  page_size: int, head_start: int, staging: torch.Tensor) -> None:
-    """Shared argument checks, so every implementation fails the same way."""
+def check_pool(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
+               page_size: int, head_start: int, head_count: int) -> None:
+    """Checks of one pool's side of a copy (gather, scatter, copy_pages): the
+    buffers, the heads [head_start, +head_count) and the page ids, so every
+    implementation fails the same way."""
     if len(k_buffers) != len(v_buffers) or not k_buffers:
         raise ValueError("need the same non-zero number of K and V buffers")
     first = k_buffers[0]
     if first.dim() != 3 or any(b.shape != first.shape or b.dtype != first.dtype or b.device != first.device
                                for b in (*k_buffers, *v_buffers)):
         raise ValueError("K and V buffers must all be [slots, heads, head_dim] of one dtype and device")
-    slots, heads, dim = first.shape
-    n = page_ids.numel()
-    want = (len(k_buffers), 2, n, page_size, staging.shape[4] if staging.dim() == 6 else -1, dim)
-    if staging.dim() != 6 or tuple(staging.shape) != want or not staging.is_contiguous():
-        raise ValueError(f"staging must be contiguous {want}, got {tuple(staging.shape)}")
-    if staging.dtype != k_buffers[0].dtype:
-        raise ValueError(f"staging dtype {staging.dtype} != pool dtype {k_buffers[0].dtype}")
-    if not 0 <= head_start or head_start + staging.shape[4] > heads:
-        raise ValueError(f"heads [{head_start}, {head_start + staging.shape[4]}) outside the pool's {heads}")
+    slots, heads, _ = first.shape
+    if not 0 <= head_start or head_start + head_count > heads:
+        raise ValueError(f"heads [{head_start}, {head_start + head_count}) outside the pool's {heads}")
     if page_ids.dtype != torch.long or page_ids.dim() != 1:
         raise ValueError("page_ids must be a 1-D int64 tensor")
     if slots % page_size:
         raise ValueError(f"{slots} slots is not a multiple of page size {page_size}")
+
+
+def check_staging(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
+                  page_size: int, head_start: int, staging: torch.Tensor) -> None:
+    """Shared argument checks of gather and scatter, so every implementation fails the same way."""
+    check_pool(k_buffers, v_buffers, page_ids, page_size, head_start, staging.shape[4] if staging.dim() == 6 else 0)
+    first = k_buffers[0]
+    want = (len(k_buffers), 2, page_ids.numel(), page_size, staging.shape[4] if staging.dim() == 6 else -1,
+            first.shape[2])
+    if staging.dim() != 6 or tuple(staging.shape) != want or not staging.is_contiguous():
+        raise ValueError(f"staging must be contiguous {want}, got {tuple(staging.shape)}")
+    if staging.dtype != first.dtype:
+        raise ValueError(f"staging dtype {staging.dtype} != pool dtype {first.dtype}")
 
 
 def kernels_for(device: torch.device | str) -> KVKernels:

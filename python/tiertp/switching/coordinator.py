@@ -230,7 +230,8 @@ class SwitchCoordinator:
         destination slots, (bytes between processes, bytes local, bytes the
         destination pulled), slowest rank's ms). `on_sources_done` runs once
         every source's call is back (their ranks are done with the migration;
-        the destination may still be copying out of their pools).
+        the destination may still be copying out of their pools; the sources
+        then run again, so the destination does not copy on their cores).
         On failure the destination ranks' slots are freed and the error raised."""
         plan = sp.plan
         members = sum(src.spec.tp for src, _ in sources) + dest.spec.tp
@@ -240,7 +241,8 @@ class SwitchCoordinator:
         for inst, role, to_id in [(src, "old", old_id) for src, _ in sources] + [(dest, "new", new_id)]:
             ids = tuple(to_id(d) for d in inst.spec.devices)
             calls.append((inst, rank_migrate.MigrationCall(plan, ids, role, first, members, address, name,
-                                                           self.timeout_s, chunk)))
+                                                           self.timeout_s, chunk,
+                                                           sources_idle=on_sources_done is None)))
             first += inst.spec.tp
         # The destination first: its ranks do the copying (they pull from the
         # sources' pools) and its call has the longest way to its ranks.

@@ -53,6 +53,9 @@ class MigrationCall:
     name: str  # the switch's unique key prefix in the store
     timeout_s: float
     chunk_bytes: int
+    # False when a source goes on iterating during the migration (an
+    # overlapped hand-off): the destination must not copy on its cores.
+    sources_idle: bool = True
 
 
 def _client(address: tuple[str, int], timeout_s: float):
@@ -105,7 +108,8 @@ def _run(handle, call: MigrationCall) -> dict:
 
         share_kv_pool(handle)  # once per process; a no-op after `warm`
     old_pool, new_pool = (pool, None) if call.role == "old" else (None, pool)
-    result = migrate(ctx, call.plan, old_pool, new_pool, transport=_shm_transport(), chunk_bytes=call.chunk_bytes)
+    result = migrate(ctx, call.plan, old_pool, new_pool, transport=_shm_transport(), chunk_bytes=call.chunk_bytes,
+                     borrow_source_cores=call.sources_idle)
     if result.pages:
         _reserved[call.name] = [slot for pages in result.pages.values() for slot in pages]
         while len(_reserved) > _KEEP_RESERVED:
