@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TIERTP_DATA ?= $(abspath ../shared/data)
 
-.PHONY: help setup run demo test test-rust test-python bench lint
+.PHONY: help setup run demo test test-rust test-python bench paper lint
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,13 @@ bench: setup  ## All benchmarks, one JSON object each on stdout
 	$(BIN)/tiertp bench kv-migration --json
 	$(BIN)/tiertp bench gateway --json
 	$(BIN)/tiertp bench switch --json
+
+# `make paper DURATION=60` replays 60 s per load instead of the presets' 600.
+DURATION ?=
+
+paper: setup  ## The paper's evaluation: every bench/ preset into bench/results/ (DURATION=S shortens), then the ablation
+	$(BIN)/tiertp replay --preset all $(if $(DURATION),--duration $(DURATION))
+	$(BIN)/tiertp replay --preset 14b-h100x8 --ablation
 
 lint:  ## Clippy with warnings as errors, and rustfmt
 	cargo clippy --workspace --all-targets --release -- -D warnings

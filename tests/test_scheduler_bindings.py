@@ -142,9 +142,9 @@ def test_dispatcher_accounts_bandwidth(profile, tiers):
     plan = s.Planner(profile, tiers, gpus=4).propose(stats())
     d = s.Dispatcher(tiers, plan)
     first, tp, cls, charge = d.dispatch(1, "chat", 500)
-    assert cls == "feasible" and charge == 500 and d.load_of(first, tp) == 500
+    assert cls == "feasible" and charge == 500 and d.load_of(first, tp)[0] == 500
     assert d.dispatch(2, "batch", 100)[2] == "background"
-    assert d.in_flight == 2 and d.total_load == 600
+    assert d.in_flight == 2 and d.total_load[0] == 600
     with pytest.raises(s.DispatchError, match="already in flight"):
         d.dispatch(1, "chat", 10)
     with pytest.raises(s.DispatchError, match="valid tiers"):
@@ -153,7 +153,7 @@ def test_dispatcher_accounts_bandwidth(profile, tiers):
     with pytest.raises(s.DispatchError, match="not in flight"):
         d.complete(1)
     d.set_plan(s.Planner(profile, tiers, gpus=4).propose(stats(chat=0.0, batch=30.0)))
-    assert d.complete(2) == 100 and d.total_load == 0
+    assert d.complete(2) == 100 and d.total_load == (0, 0)
 
 
 def test_batch_policy(tmp_path):
@@ -162,7 +162,7 @@ def test_batch_policy(tmp_path):
     assert p.enqueue(2, "feasible", 10)
     assert p.enqueue(3, "best_effort", 10)
     assert not p.enqueue(2, "feasible", 10)
-    assert dict(p.queue_lengths()) == {"feasible": 1, "best_effort": 1, "background": 1, "late": 0}
+    assert dict(p.queue_lengths()) == {"feasible": 1, "best_effort": 1, "background": 1}
     assert p.next_batch(1) == [2, 3]
     assert len(p) == 1 and p.remove(1) and not p.remove(1)
     with pytest.raises(s.DispatchError, match="valid classes"):
@@ -170,9 +170,9 @@ def test_batch_policy(tmp_path):
     q = s.BatchPolicy(4)
     q.enqueue_with_deadline(1, "feasible", 5, 1.0)
     q.enqueue_with_deadline(2, "feasible", 5, 9.0)
-    assert q.demote_expired(2.0) == 1
-    assert dict(q.queue_lengths())["late"] == 1
-    assert q.next_batch(0) == [2, 1]
+    assert q.take_expired(2.0) == [1]
+    assert dict(q.queue_lengths())["feasible"] == 1
+    assert q.next_batch(0) == [2]
     assert s.DISPATCH_CLASSES == ["feasible", "best_effort", "background"]
     assert s.ROLES == ["prefill", "decode", "colocated"]
 

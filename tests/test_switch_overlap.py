@@ -20,6 +20,7 @@ every request's greedy output must equal a run without any hand-off.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -190,7 +191,8 @@ def test_the_execution_loop_does_not_step_parked_requests_and_can_still_cancel_t
     loop = ExecutionLoop(sock, runner, batch_cap=8, token_cap=0, kv_capacity_tokens=100)
     for rid in (1, 2, 3):
         loop._handle({"type": "add", "rid": rid, "input_ids": [5] * 10, "max_tokens": 10, "temperature": 0.0,
-                      "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible"})
+                      "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible",
+                      "deadline": math.inf})
     for rid in loop._admit():
         loop.running[rid] = loop.waiting.pop(rid)
     loop._iterate()
@@ -201,7 +203,8 @@ def test_the_execution_loop_does_not_step_parked_requests_and_can_still_cancel_t
     assert runner.stepped[-1] == [3]
     # Their KV still takes room: a new request that would need it waits.
     loop._handle({"type": "add", "rid": 4, "input_ids": [5] * 60, "max_tokens": 10, "temperature": 0.0,
-                  "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible"})
+                  "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible",
+                  "deadline": math.inf})
     assert loop._admit() == []
     loop._handle({"type": "cancel", "rid": 2})
     assert runner.released == [2] and list(loop.parked) == [1]

@@ -6,6 +6,8 @@ a refused decode step would fail the whole batch). FCFS: a request that
 does not fit waits at the head, later ones do not overtake it.
 """
 
+import math
+
 import pytest
 
 from tiertp import _scheduler
@@ -35,7 +37,8 @@ class _Runner(StepRunner):
 
 def _add(loop: ExecutionLoop, rid: int, prompt: int, max_tokens: int) -> None:
     loop._handle({"type": "add", "rid": rid, "input_ids": [1] * prompt, "max_tokens": max_tokens,
-                  "temperature": 0.0, "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible"})
+                  "temperature": 0.0, "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible",
+                  "deadline": math.inf})
 
 
 def test_admission_reserves_prompt_plus_max_tokens():

@@ -3,6 +3,8 @@ the request table. No processes, no engines."""
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 import pytest
 
@@ -115,11 +117,22 @@ def _submit(**over):
     ({"sampling": {"max_tokens": 4, "top_p": 0}}, r"top_p must be in \(0, 1\]"),
     ({"tier": None}, "tier must be a string"),
     ({"group": [1]}, "group must be"),
+    ({"start_within_s": "soon"}, "start_within_s must be a number"),
+    ({"start_within_s": float("nan")}, "start_within_s must be a number of seconds, got NaN"),
 ])
 def test_bad_submits_name_the_field_and_carry_the_id(over, problem):
     with pytest.raises(P.ProtocolError, match=problem) as e:
         parse_submit(_submit(**over))
     assert e.value.request_id == 7 and e.value.code == P.BAD_REQUEST
+
+
+def test_start_within_s_is_optional_and_fixes_the_deadline_from_the_arrival():
+    for msg in (_submit(), _submit(start_within_s=None)):  # absent or nil: no deadline
+        s = parse_submit(msg)
+        assert s.start_within_s is None and s.deadline(5.0) == math.inf
+    assert parse_submit(_submit(start_within_s=0.25)).deadline(10.0) == 10.25
+    assert parse_submit(_submit(start_within_s=2)).start_within_s == 2.0  # msgpack may carry an integer
+    assert parse_submit(_submit(start_within_s=-1.0)).deadline(10.0) == 9.0  # already late: shed, not refused
 
 
 def test_submit_without_valid_id_carries_no_id():

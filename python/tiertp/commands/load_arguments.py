@@ -23,14 +23,17 @@ def positive_floats(spec: str) -> list[float]:
     return values
 
 
-def add_load_arguments(group, *, tiers_default: str, tiers_help: str, loads_required: bool) -> None:
+def add_load_arguments(group, *, tiers_default: str | None, tiers_help: str, loads_required: bool,
+                       traces_required: bool = True) -> None:
     """--trace, --tier-map, --tier-fractions, --tiers, --rps, --duration, --seed.
 
     `tiers_default`/`tiers_help`: each command ships its own default tier file.
     `loads_required`: --rps and --duration must be given (else the trace's
     recorded rate and whole length are replayed).
+    `traces_required`: False where the traces may come from elsewhere (a
+    replay preset); the command then checks that there are some.
     """
-    group.add_argument("--trace", action="append", default=[], required=True, metavar="TRACE",
+    group.add_argument("--trace", action="append", default=[], required=traces_required, metavar="TRACE",
                        help=f"named trace ({', '.join(NAMED_TRACES)}), FORMAT:PATH, PATH, or "
                             "synthetic:poisson,rate=5,cv=1,prompt=1024,output=128,duration=600; repeat to merge")
     group.add_argument("--tier-map", metavar="TRACE=TIER,...",

@@ -1,7 +1,8 @@
 """`tiertp replay`: replay request traces through the cluster simulator for
 tiertp, its ablations and the baselines (each baseline at its best setting,
 chosen with hindsight per load), over a load sweep; write report.json,
-report.csv and PNG plots.
+report.csv, goodput.txt (goodput per policy, total and per tier) and PNG
+plots.
 
 With --live URL the same workload is replayed against a running server
 (`tiertp serve`) instead: requests sent at their scaled arrival times with
@@ -16,6 +17,14 @@ Example (the Azure traces, two SLO tiers, 8 H100s):
 Live, against `tiertp serve --devices 2` on this machine:
   tiertp replay --live http://127.0.0.1:8000/v1 --trace azure-conv --trace azure-code \\
       --rps 0.5 --duration 60 --max-prompt-tokens 256 --max-output-tokens 32 --out report-live/
+
+The paper's settings, from bench/presets.toml in a source checkout (flags
+given override the preset's; the report goes to bench/results/NAME/ unless
+--out says otherwise; `--preset all` runs every preset):
+  tiertp replay --preset 14b-h100x8 --duration 60 --rps 70
+The ablation chain of a finished report (runs nothing):
+  tiertp replay --ablation bench/results/14b-h100x8 [--rps 70]
+  tiertp replay --preset 14b-h100x8 --ablation
 """
 
 from __future__ import annotations
@@ -32,22 +41,39 @@ from tiertp.commands.load_arguments import (
     tier_rule,
 )
 from tiertp.profile_source import add_profile_arguments, load_profile
+from tiertp.replay import ablation, presets
 from tiertp.replay.driver import ReplayConfig, replay
 from tiertp.replay.policies import ALL
 from tiertp.replay.tier_configs import TIER_CONFIGS, resolve_tiers
+
+# The values of the arguments a preset may also set. The parser leaves them
+# None, so that a flag given on the command line can be told from one left
+# out (and override the preset); `fill_defaults` puts these in last.
+DEFAULTS = {"gpus": 8, "policies": ALL, "tiers": "default"}
+# --out without a preset (with one: presets.RESULTS_DIR / NAME).
+DEFAULT_OUT = Path("report")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay traces through the cluster simulator; goodput report",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_load_arguments(p.add_argument_group("workload"), tiers_default="default",
-                       tiers_help=f"tier TOML file, or a shipped one: {', '.join(TIER_CONFIGS)} (default: default)",
-                       loads_required=False)
+    pr = p.add_argument_group("presets and ablation")
+    pr.add_argument("--preset", metavar="NAME",
+                    help=f"a setting of bench/presets.toml (source checkout only), or '{presets.ALL_PRESETS}'; "
+                         "flags given override its values")
+    pr.add_argument("--ablation", nargs="?", const="", metavar="REPORT",
+                    help="print the paper's ablation chain from a finished report (folder or report.json; "
+                         "default with --preset: the preset's results) at --rps (one load, default "
+                         f"{ablation.DEFAULT_RPS:g}, else the report's nearest); runs nothing")
+    add_load_arguments(p.add_argument_group("workload"), tiers_default=None,
+                       tiers_help=f"tier TOML file, or a shipped one: {', '.join(TIER_CONFIGS)} "
+                                  f"(default: {DEFAULTS['tiers']})",
+                       loads_required=False, traces_required=False)
     c = p.add_argument_group("cluster")
     add_profile_arguments(p)
-    c.add_argument("--gpus", type=int, default=8)
+    c.add_argument("--gpus", type=int, help=f"default: {DEFAULTS['gpus']}")
     c.add_argument("--gpus-per-node", type=int, default=8)
-    c.add_argument("--policies", default=ALL, help=f"'{ALL}' or a comma list of simulator policies")
+    c.add_argument("--policies", help=f"'{ALL}' or a comma list of simulator policies (default: {DEFAULTS['policies']})")
     c.add_argument("--window", type=float, default=1.0, metavar="S", help="control window (s)")
     c.add_argument("--switch-ms", type=float, help="TP switch stop time (default: the simulator's)")
     c.add_argument("--kv-gbps", type=float, help="KV transfer bandwidth, GB/s (default: the simulator's)")
@@ -62,16 +88,80 @@ def register(sub: argparse._SubParsersAction) -> None:
     lv.add_argument("--api-key", action="append", default=[], metavar="TIER=KEY",
                     help="API key for a tier (default: the first of the tier's api_keys in --tiers); repeatable")
     o = p.add_argument_group("output")
-    o.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report/)")
+    o.add_argument("--out", type=Path, help=f"output folder (default: {DEFAULT_OUT}/; with --preset: "
+                   "bench/results/NAME/, or OUT/NAME/ for --preset all)")
     o.add_argument("--plot-rps", type=float, help="load (one of --rps) for the timeline and CDF plots (default: middle)")
     o.add_argument("--no-plots", action="store_true")
     o.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run)
 
 
+def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with DEFAULTS (and DEFAULT_OUT) in place of what is unset."""
+    for dest, value in {**DEFAULTS, "out": DEFAULT_OUT}.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
+    return args
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.ablation is not None:
+        return run_ablation(args)
+    if args.preset:
+        return run_presets(args)
+    if not args.trace:
+        raise ValueError("give --trace (repeatable), or --preset NAME for one of the paper's settings")
+    fill_defaults(args)
     if args.live:
         return run_live(args)
+    return run_sim(args)
+
+
+def preset_args(args: argparse.Namespace, preset: presets.Preset, many: bool) -> argparse.Namespace:
+    """`args` with the preset's values wherever no flag was given; the
+    report goes to bench/results/NAME/ (or OUT/NAME/ when one --out serves
+    several presets)."""
+    merged = preset.merged(vars(args))
+    if args.profile:  # --profile replaces the preset's shipped table
+        merged["gpu"], merged["model"] = args.gpu, args.model
+    if args.out is None:
+        out = presets.RESULTS_DIR / preset.name
+    else:
+        out = args.out / preset.name if many else args.out
+    return fill_defaults(argparse.Namespace(**{**vars(args), **merged, "out": out}))
+
+
+def run_presets(args: argparse.Namespace) -> int:
+    if args.live:
+        raise ValueError("--preset names simulated clusters; it does not go with --live")
+    chosen = presets.select(args.preset)
+    for preset in chosen:
+        a = preset_args(args, preset, many=len(chosen) > 1)
+        table = a.profile or f"{a.model} on {a.gpu}"
+        print(f"== preset {preset.name}: {table}, {a.gpus} GPUs, {a.duration:g} s per load, "
+              f"loads {','.join(f'{r:g}' for r in a.rps)} req/s -> {a.out}", flush=True)
+        rc = run_sim(a)
+        if rc:
+            return rc
+    return 0
+
+
+def run_ablation(args: argparse.Namespace) -> int:
+    if args.ablation:
+        source = Path(args.ablation)
+    elif args.preset and args.preset != presets.ALL_PRESETS:
+        (preset,) = presets.select(args.preset)
+        source = args.out or presets.RESULTS_DIR / preset.name
+    else:
+        raise ValueError("--ablation needs a report (--ablation DIR_OR_REPORT_JSON) or one --preset NAME")
+    if args.rps and len(args.rps) != 1:
+        raise ValueError(f"--ablation reads one load: give one --rps, got {args.rps}")
+    rps = args.rps[0] if args.rps else ablation.DEFAULT_RPS
+    print(ablation.chain_text(ablation.load_report(source), rps))
+    return 0
+
+
+def run_sim(args: argparse.Namespace) -> int:
     if args.max_prompt_tokens or args.max_output_tokens:
         raise ValueError("--max-prompt-tokens/--max-output-tokens go with --live (the simulated replay "
                          "replays the trace's lengths)")
@@ -95,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     report = replay(cfg)
-    print("goodput, req/s within SLO (winning setting):")
+    print("goodput, req/s within SLO (winning setting), total and per tier:")
     print(report.table)
     print("wrote " + ", ".join(str(f) for f in report.files))
     return 0

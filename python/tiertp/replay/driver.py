@@ -77,9 +77,10 @@ def _tqdm_progress(total: int, enabled: bool):
 
 def replay(cfg: ReplayConfig, simulate: Callable[..., dict] | None = None,
            valid_policies: list[str] | None = None) -> ReplayReport:
-    """Run the sweep `cfg` describes and write report.json, report.csv and
-    the PNG plots into cfg.out. `simulate` defaults to the Rust simulator
-    (tiertp._scheduler.simulate) and `valid_policies` to its SIM_POLICIES."""
+    """Run the sweep `cfg` describes and write report.json, report.csv,
+    goodput.txt (the printed table) and the PNG plots into cfg.out.
+    `simulate` defaults to the Rust simulator (tiertp._scheduler.simulate)
+    and `valid_policies` to its SIM_POLICIES."""
     from tiertp import _scheduler
 
     if simulate is None:
@@ -117,12 +118,14 @@ def replay(cfg: ReplayConfig, simulate: Callable[..., dict] | None = None,
         "goodput": GOODPUT_DEFINITION,
         "workload": workload.summary(),
     }
-    files = [cfg.out / "report.json", cfg.out / "report.csv"]
+    files = [cfg.out / "report.json", cfg.out / "report.csv", cfg.out / "goodput.txt"]
     write_json(files[0], config, results)
     write_csv(files[1], results)
+    table = goodput_table(results)
+    files[2].write_text(table + "\n")
     if cfg.plots:
         files += write_plots(cfg, results, slos, workload.source)
-    return ReplayReport(results, files, goodput_table(results))
+    return ReplayReport(results, files, table)
 
 
 def pick_plot_load(results: list[LoadResult], plot_rps: float | None) -> LoadResult:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 PERCENTILES = (50, 90, 99)
+# The fairness rule (see `fair`): tiers below this share of the requests are
+# exempt; the others need at least this fraction of their proportional goodput.
+FAIR_MIN_REQUEST_SHARE = 0.10
+FAIR_MIN_GOODPUT_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,35 @@ class RunMetrics:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def fair(self) -> bool:
+        """`fair` over this run's tiers."""
+        return fair([t.requests for t in self.tiers], [t.goodput_rps for t in self.tiers])
+
+
+def fair(requests: Sequence[int], goodput_rps: Sequence[float]) -> bool:
+    """Whether a run's goodput is shared fairly among its tiers (one entry
+    per tier in both lists).
+
+    A high total goodput can hide a starved tier (e.g. a scheduler that
+    serves only the cheap tier), so reports flag it. The rule: every tier
+    with at least FAIR_MIN_REQUEST_SHARE (10%) of the requests gets at least
+    FAIR_MIN_GOODPUT_FRACTION (0.25x) of its proportional share of the
+    goodput, where share = tier requests / all requests and proportional
+    goodput = share x total goodput. Smaller tiers are exempt (too few
+    requests to judge); a run with no goodput at all is trivially fair (it
+    is judged by its goodput, not by this flag)."""
+    total_requests = sum(requests)
+    total_goodput = sum(goodput_rps)
+    if total_requests == 0:
+        return True
+    for n, g in zip(requests, goodput_rps, strict=True):
+        share = n / total_requests
+        # the tolerance keeps a tier exactly at its bound fair despite rounding
+        if share >= FAIR_MIN_REQUEST_SHARE and g < FAIR_MIN_GOODPUT_FRACTION * share * total_goodput - 1e-12:
+            return False
+    return True
 
 
 def percentiles(values: np.ndarray) -> dict[str, float | None]:

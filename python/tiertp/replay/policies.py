@@ -23,11 +23,16 @@ SWEPT: dict[str, tuple[str, ...]] = {
     "tiertp-static-tp": ("tp",),
     "sglang": ("tp",),
     "sglang-pd": ("tp", "prefill_share"),
+    "sglang-slo": ("tp",),
     "split": (),
     "llumnix": ("tp",),
     "chiron": ("tp",),
-    "oracle": (),
+    # The ceiling searches plans with hindsight: its own loop over every TP
+    # level, and every static level (WITH_OWN_SETTINGS).
+    "oracle": ("tp",),
 }
+# Policies whose sweep also includes a run with the policy's own settings.
+WITH_OWN_SETTINGS = frozenset({"oracle"})
 ALL = "all"
 
 
@@ -71,7 +76,7 @@ def variants(policy: str, gpus: int, gpus_per_node: int, tp_levels: list[int]) -
     knobs = SWEPT[policy]
     if not knobs:
         return [{}]
-    grid = []
+    grid = [{}] if policy in WITH_OWN_SETTINGS else []
     for values in itertools.product(*(KNOB_VALUES[k] for k in knobs)):
         s = dict(zip(knobs, values))
         tp = s.get("tp")

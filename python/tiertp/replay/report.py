@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from tiertp.replay.metrics import PERCENTILES
+from tiertp.replay.metrics import FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_REQUEST_SHARE, PERCENTILES
 from tiertp.replay.policies import label
 from tiertp.replay.sweep import LoadResult
 
@@ -15,8 +15,10 @@ CSV_COLUMNS = (
     ["policy", "rps", "offered_rps", "settings", "policy_goodput_rps", "policy_attainment",
      "tier", "requests", "completed", "rejected", "met", "attainment", "goodput_rps"]
     + [f"{m}_p{p}_ms" for m in ("ttft", "tpot") for p in PERCENTILES]
-    + ["switches", "migrated_requests"]
+    + ["switches", "migrated_requests", "policy_fair"]
 )
+# Marks an unfair total in goodput_table (see metrics.fair).
+UNFAIR = "*"
 
 
 def _clean(value):
@@ -32,7 +34,8 @@ def _clean(value):
 
 def report_dict(config: dict, results: list[LoadResult]) -> dict:
     """The whole report: the configuration, then per load and policy the
-    best run's figures, its timeline and every variant tried."""
+    best run's figures, whether its goodput is fair across tiers
+    (metrics.fair), its timeline and every variant tried."""
     loads = []
     for r in results:
         loads.append({
@@ -40,7 +43,8 @@ def report_dict(config: dict, results: list[LoadResult]) -> dict:
             "offered_rps": r.load.offered_rps,
             "window_s": r.load.window_s,
             "requests": len(r.load.trace),
-            "policies": {p: {**e.best.summary(), "tried": e.tried} for p, e in r.policies.items()},
+            "policies": {p: {**e.best.summary(), "fair": e.best.metrics.fair, "tried": e.tried}
+                         for p, e in r.policies.items()},
         })
     return _clean({**config, "loads": loads})
 
@@ -64,6 +68,7 @@ def csv_rows(results: list[LoadResult]) -> list[dict]:
                     "attainment": None if t.attainment is None else round(t.attainment, 4),
                     "goodput_rps": round(t.goodput_rps, 4),
                     "switches": entry.best.switches, "migrated_requests": entry.best.migrated_requests,
+                    "policy_fair": m.fair,
                 }
                 for name, values in (("ttft", t.ttft_ms), ("tpot", t.tpot_ms)):
                     for p in PERCENTILES:
@@ -81,15 +86,33 @@ def write_csv(path: Path, results: list[LoadResult]) -> None:
 
 
 def goodput_table(results: list[LoadResult]) -> str:
-    """A plain-text table: policy rows, load columns, goodput req/s (winning setting)."""
+    """A plain-text table, a column per load: per policy a row with its
+    total goodput req/s (winning setting; UNFAIR marks a total that starves
+    a tier, see metrics.fair) and under it one row per tier with that
+    tier's goodput."""
     policies = list(dict.fromkeys(p for r in results for p in r.policies))
+    tiers = list(dict.fromkeys(t.tier for r in results for e in r.policies.values() for t in e.best.metrics.tiers))
     head = ["policy"] + [f"{r.load.offered_rps:.1f} rps" for r in results]
     lines = [head]
+    unfair = False
     for p in policies:
-        cells = [p]
+        total = [p]
+        per_tier = {t: [f"  {t}"] for t in tiers}
         for r in results:
             e = r.policies.get(p)
-            cells.append("-" if e is None else f"{e.best.metrics.goodput_rps:.2f} ({label(e.best.settings)})")
-        lines.append(cells)
+            m = None if e is None else e.best.metrics
+            if m is None:
+                total.append("-")
+            else:
+                unfair |= not m.fair
+                total.append(f"{m.goodput_rps:.2f}{'' if m.fair else UNFAIR} ({label(e.best.settings)})")
+            by_tier = {} if m is None else {t.tier: t.goodput_rps for t in m.tiers}
+            for t, cells in per_tier.items():
+                cells.append(f"{by_tier[t]:.2f}" if t in by_tier else "-")
+        lines += [total, *per_tier.values()]
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines)
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines)
+    if unfair:
+        text += (f"\n{UNFAIR} unfair: a tier with >= {FAIR_MIN_REQUEST_SHARE:.0%} of the requests got "
+                 f"< {FAIR_MIN_GOODPUT_FRACTION:g}x its proportional share of the goodput")
+    return text

@@ -1,5 +1,6 @@
 """The replay sweep: every policy at every load, baselines over their
-settings grid with the best variant (highest goodput) chosen in hindsight."""
+settings grid with the best variant chosen in hindsight (the highest goodput
+among the settings that serve every tier)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ class LoadResult:
 
     load: Load
     policies: dict[str, PolicyAtLoad]
+
+
+def _better(a: RunOutcome, b: RunOutcome) -> bool:
+    """Whether setting `a` beats `b`: a setting that serves every tier
+    (`RunMetrics.fair`) beats one that abandons a tier, whatever their totals
+    (a total won by starving a tier is no comparison); then the higher
+    goodput, strictly (ties keep the earlier, smaller setting)."""
+    if a.metrics.fair != b.metrics.fair:
+        return a.metrics.fair
+    return a.metrics.goodput_rps > b.metrics.goodput_rps
 
 
 def plan_runs(policies: list[str], ctx: SimContext) -> list[tuple[str, dict]]:
@@ -67,8 +78,7 @@ def run_sweep(ctx: SimContext, loads: list[Load], policies: list[str],
             tick(0.0, base=done)
             entry = per_policy.setdefault(policy, PolicyAtLoad(best=None))
             entry.tried[label(settings)] = outcome.metrics.goodput_rps
-            # strictly better only: ties keep the earlier (smaller) setting
-            if entry.best is None or outcome.metrics.goodput_rps > entry.best.metrics.goodput_rps:
+            if entry.best is None or _better(outcome, entry.best):
                 entry.best = outcome
         for policy, entry in per_policy.items():
             if entry.best is None:

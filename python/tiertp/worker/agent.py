@@ -26,6 +26,13 @@ any part fails, the parts done are undone, the old assignments stay and the
 plan is rejected with the reason. A request whose first token came from a
 `prefill` group is handed off (KV included) to the least loaded `decode`
 group of its tier.
+
+Deadlines: a submit's `start_within_s` becomes a deadline on this process's
+monotonic clock at its arrival (CLOCK_MONOTONIC is system-wide, so the
+execution processes compare it with their own time.monotonic()). It goes
+with the request to the process that queues it, again after a switch moves
+it; whoever holds it when it passes (the process's batch policy, or the
+agent while the process is not ready) sheds it with `slo_unattainable`.
 """
 
 from __future__ import annotations
@@ -170,6 +177,7 @@ class Agent:
             if at <= now:
                 del self._restart_at[group]
                 self._start(group)
+        self._shed_held(now)
 
     # ---- requests --------------------------------------------------------
 
@@ -180,6 +188,19 @@ class Agent:
         req = self.requests.finish(rid)
         if req is not None:
             self._to_client(req.client, P.error(code, message, req.submit.id))
+
+    def _shed(self, req: InFlight, why: str) -> None:
+        """Fail `req` with slo_unattainable: its deadline passed before it could start prefilling."""
+        s = req.submit
+        self._fail(req.rid, P.SLO_UNATTAINABLE, f"submit {s.id}: not started within start_within_s = "
+                   f"{s.start_within_s:g} s of its arrival ({why}); it can no longer meet its TTFT")
+
+    def _shed_held(self, now: float) -> None:
+        """Shed the requests held here (their process is not ready) past their deadline: a process
+        may take many seconds to start, and the client must not wait for it to learn that."""
+        for req in self.requests.held():
+            if req.deadline <= now:
+                self._shed(req, f"the TP{req.group.tp} process of group {req.group.as_list()} was not ready")
 
     def _check_limits(self, s: Submit, limits: ModelLimits) -> str | None:
         bad = [t for t in s.input_ids if t >= limits.vocab_size]
@@ -199,7 +220,7 @@ class Agent:
         s = req.submit
         proc.send({"type": "add", "rid": req.rid, "input_ids": list(s.input_ids), "max_tokens": s.sampling.max_tokens,
                    "temperature": s.sampling.temperature, "top_p": s.sampling.top_p, "seed": s.sampling.seed,
-                   "stop_token_ids": list(s.sampling.stop_token_ids), "cls": s.cls})
+                   "stop_token_ids": list(s.sampling.stop_token_ids), "cls": s.cls, "deadline": req.deadline})
         req.sent = True
         req.process_generation = proc.generation
 
@@ -228,12 +249,13 @@ class Agent:
         return min(own or free or active, key=lambda g: (self._load(g), g))
 
     def _on_submit(self, client: bytes, msg: dict) -> None:
+        arrived = time.monotonic()  # start_within_s counts from here
         s = parse_submit(msg)
         group = self._route(s)
         if self.limits is not None and (problem := self._check_limits(s, self.limits)):
             raise P.ProtocolError(problem, request_id=s.id)
         try:
-            req = self.requests.add(client, s, group)
+            req = self.requests.add(client, s, group, s.deadline(arrived))
         except ValueError as e:
             raise P.ProtocolError(str(e), request_id=s.id) from None
         proc = self.procs.get(group)
@@ -460,8 +482,18 @@ class Agent:
         elif kind == "failed":
             for rid in msg["rids"]:
                 self._fail(rid, P.INTERNAL, f"device {proc.group.first}: {msg['message']}")
+        elif kind == "expired":
+            self._on_expired(proc, msg["rids"])
         elif kind not in ("pong", "load", "exiting", "op_done"):  # op_done: an op that timed out
             log.error("device %d: unknown message type %r from the execution process", proc.group.first, kind)
+
+    def _on_expired(self, proc: ExecProcess, rids: list[int]) -> None:
+        """`proc`'s batch policy shed these waiting requests: their deadline passed before a batch took them."""
+        why = f"still queued on device {proc.group.first} TP{proc.group.tp}"
+        for rid in rids:
+            req = self.requests.get(rid)
+            if req is not None and req.process_generation == proc.generation:  # else: already ended
+                self._shed(req, why)
 
     # ---- loop ------------------------------------------------------------
 

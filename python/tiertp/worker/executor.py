@@ -9,8 +9,10 @@ group). It connects a ZeroMQ PAIR socket to the agent and loops:
    ``add`` (a request), ``cancel``, ``caps`` (batch/token caps), ``ping``,
    ``shutdown``, and ``op`` (pause, export, adopt, ... for TP switches and
    hand-offs: tiertp.worker.switch_ops; a paused process does not iterate);
-2. ask the Rust batch policy (`tiertp._scheduler.BatchPolicy`) which waiting
-   requests join the running batch (`next_batch(running)`);
+2. shed the waiting requests whose deadline passed (`take_expired`: they can
+   no longer start in time to meet their TTFT, so they never take a batch
+   slot), then ask the Rust batch policy (`tiertp._scheduler.BatchPolicy`)
+   which waiting requests join the running batch (`next_batch(running)`);
 3. run one iteration for the running batch (`StepRunner.step`) and send the
    new tokens to the agent in one ``tokens`` message; requests that finished
    (or were cancelled) are released to the runner, which frees their KV.
@@ -18,10 +20,16 @@ group). It connects a ZeroMQ PAIR socket to the agent and loops:
 The runner is chosen with ``--runner`` (tiertp.worker.runner.RUNNERS; the
 default, or the TIERTP_STEP_RUNNER environment variable when set).
 
+An ``add`` carries the request's ``deadline``: the agent's time.monotonic()
+by which it must start (inf: none). CLOCK_MONOTONIC is system-wide on
+Linux, so this process compares it with its own time.monotonic().
+
 To the agent: ``ready`` {pid, vocab_size, max_request_tokens,
 kv_capacity_tokens}; ``tokens`` {items: [{rid, token, finished,
 finish_reason}], running, waiting, kv_used_tokens}; ``pong`` and ``load``
-(after a cancel) {running, waiting, kv_used_tokens}; ``failed`` {rids, message} when an iteration
+(after a cancel) {running, waiting, kv_used_tokens}; ``expired`` {rids,
+running, waiting, kv_used_tokens}: waiting requests shed past their
+deadline (the agent fails them as slo_unattainable); ``failed`` {rids, message} when an iteration
 raised (the process then exits; the agent fails the rest as worker_died);
 ``exiting`` {reason} just before it exits, when it knows why (an SGLang
 child process died, an exception).
@@ -108,7 +116,7 @@ class ExecutionLoop:
         if kind == "add":
             r = ExecRequest(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], msg["temperature"], msg["top_p"],
                      msg["seed"], tuple(msg["stop_token_ids"]))
-            if self.policy.enqueue(r.rid, msg["cls"], len(r.input_ids)):
+            if self.policy.enqueue_with_deadline(r.rid, msg["cls"], len(r.input_ids), msg["deadline"]):
                 self.waiting[r.rid] = r
         elif kind == "cancel":
             self.policy.remove(msg["rid"])
@@ -142,10 +150,25 @@ class ExecutionLoop:
                 return
             if self.paused:
                 continue
-            for rid in self._admit():
-                self.running[rid] = self.waiting.pop(rid)
+            self._schedule(time.monotonic())
             if self.running:
                 self._iterate()
+
+    def _schedule(self, now: float) -> None:
+        """Shed the waiting requests past their deadline, then admit the next ones into the batch."""
+        self._shed_expired(now)
+        for rid in self._admit():
+            self.running[rid] = self.waiting.pop(rid)
+
+    def _shed_expired(self, now: float) -> None:
+        """Drop the waiting requests that can no longer start by their deadline and tell the
+        agent, which fails them (each one still gets its terminal message). Waiting requests
+        hold nothing in the runner, so this frees what a cancel of a waiting one frees."""
+        expired = self.policy.take_expired(now)
+        if expired:
+            for rid in expired:
+                del self.waiting[rid]
+            self.send({"type": "expired", "rids": expired, **self._load()})
 
     def _admit(self) -> list[int]:
         """The requests the batch policy adds this iteration, FCFS within the

@@ -8,6 +8,7 @@ client learns which request was refused.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,13 @@ class Submit:
     sampling: Sampling
     cls: str
     group: TpGroup | None
+    # Seconds after its arrival at the agent by which it must start prefilling
+    # to still meet its TTFT; None: no deadline.
+    start_within_s: float | None = None
+
+    def deadline(self, arrived: float) -> float:
+        """The latest time, on `arrived`'s clock, at which it may start; inf when it has no deadline."""
+        return math.inf if self.start_within_s is None else arrived + self.start_within_s
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,15 @@ def _float(value: Any, name: str, where: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise P.ProtocolError(f"{where}: {name} must be a number, got {type(value).__name__}")
     return float(value)
+
+
+def _seconds(value: Any, name: str, where: str) -> float:
+    # NaN would compare false with every time; inf is accepted and means no deadline.
+    # A negative value is not an error: the request is already late and is shed.
+    seconds = _float(value, name, where)
+    if math.isnan(seconds):
+        raise P.ProtocolError(f"{where}: {name} must be a number of seconds, got NaN")
+    return seconds
 
 
 def _str(value: Any, name: str, where: str) -> str:
@@ -127,6 +144,7 @@ def parse_submit(msg: dict) -> Submit:
         if not input_ids:
             raise P.ProtocolError(f"{where}: input_ids is empty")
         group = msg.get("group")
+        start_within_s = msg.get("start_within_s")
         return Submit(
             id=rid,
             tier=_str(_field(msg, "tier", where), "tier", where),
@@ -134,6 +152,7 @@ def parse_submit(msg: dict) -> Submit:
             sampling=sampling,
             cls=_one_of(_field(msg, "class", where), "class", where, P.CLASSES),
             group=None if group is None else _group(group, "group", where),
+            start_within_s=None if start_within_s is None else _seconds(start_within_s, "start_within_s", where),
         )
     except P.ProtocolError as e:
         e.request_id = rid

@@ -94,7 +94,7 @@ class ExecProcess:
             log.info("device %d TP%d: execution process pid %d ready", self.group.first, self.group.tp, self.pid)
         if msg["type"] == "exiting":
             self.exit_note = str(msg.get("reason"))
-        if msg["type"] in ("tokens", "pong", "load"):
+        if msg["type"] in ("tokens", "pong", "load", "expired"):
             self.load = {k: msg[k] for k in self.load}
         return msg
 

@@ -20,10 +20,11 @@ CLIENT_TYPES = (SUBMIT, CANCEL, APPLY_PLAN, STATS, PING)
 # Agent → client.
 TOKENS, ERROR, PLAN_APPLIED, PONG = "tokens", "error", "plan_applied", "pong"
 
-# Error codes of `error` messages.
-WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL = (
-    "worker_died", "cancelled", "bad_request", "overloaded", "internal")
-ERROR_CODES = (WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL)
+# Error codes of `error` messages. SLO_UNATTAINABLE: shed because it could not
+# start before its deadline (the submit's `start_within_s`).
+WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL, SLO_UNATTAINABLE = (
+    "worker_died", "cancelled", "bad_request", "overloaded", "internal", "slo_unattainable")
+ERROR_CODES = (WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL, SLO_UNATTAINABLE)
 
 # Roles and classes are the Rust scheduler's lists (one spelling for both sides).
 ROLES = tuple(_scheduler.ROLES)

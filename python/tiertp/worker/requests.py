@@ -11,6 +11,7 @@ already in flight after a cancel, say) finds no entry and is dropped.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from tiertp.worker.groups import TpGroup
@@ -21,12 +22,16 @@ from tiertp.worker.messages import Submit
 class InFlight:
     """One accepted request. `group` is the TP group serving it (a switch or a
     hand-off changes it); `sent` is False while the agent holds it (its
-    process is not ready yet, or a switch moved it as metadata)."""
+    process is not ready yet, or a switch moved it as metadata). `deadline`
+    (time.monotonic(), fixed at its arrival) is when it must have started
+    prefilling; it travels with every `add` to a process, so a request moved
+    before it started keeps it."""
 
     rid: int
     client: bytes  # ROUTER identity of the submitting client
     submit: Submit
     group: TpGroup
+    deadline: float = math.inf
     sent: bool = False
     generated: int = 0
     first_item_sent: bool = False
@@ -39,12 +44,12 @@ class RequestTable:
         self._by_rid: dict[int, InFlight] = {}
         self._by_client: dict[tuple[bytes, int], int] = {}
 
-    def add(self, client: bytes, submit: Submit, group: TpGroup) -> InFlight:
+    def add(self, client: bytes, submit: Submit, group: TpGroup, deadline: float = math.inf) -> InFlight:
         """Register an accepted submit; ValueError if the client already has that id in flight."""
         key = (client, submit.id)
         if key in self._by_client:
             raise ValueError(f"submit {submit.id}: a request with this id is already in flight for this client")
-        req = InFlight(next(self._next), client, submit, group)
+        req = InFlight(next(self._next), client, submit, group, deadline)
         self._by_rid[req.rid] = req
         self._by_client[key] = req.rid
         return req
@@ -65,6 +70,10 @@ class RequestTable:
 
     def on_group(self, group: TpGroup) -> list[InFlight]:
         return [r for r in self._by_rid.values() if r.group == group]
+
+    def held(self) -> list[InFlight]:
+        """The requests the agent holds: not sent to any process."""
+        return [r for r in self._by_rid.values() if not r.sent]
 
     def all(self) -> list[InFlight]:
         return list(self._by_rid.values())

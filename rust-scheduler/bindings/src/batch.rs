@@ -73,30 +73,29 @@ impl BatchPolicy {
         })
     }
 
-    /// Waiting requests per queue: each dispatch class, then "late"
-    /// (requests whose TTFT deadline passed while waiting).
+    /// Waiting requests per queue, by dispatch class.
     #[pyo3(signature = ())]
     fn queue_lengths(&self) -> Vec<(&'static str, usize)> {
         DispatchClass::ALL
             .iter()
             .map(|c| c.name())
-            .chain(["late"])
             .zip(self.inner.queue_lengths())
             .collect()
     }
 
     /// Queue a request that must start by `deadline` (caller's clock, s)
-    /// to meet its TTFT; after that `demote_expired` moves it to "late".
+    /// to meet its TTFT; after that `take_expired` hands it back.
     #[pyo3(signature = (request_id, cls, tokens, deadline))]
     fn enqueue_with_deadline(&mut self, request_id: u64, cls: &str, tokens: u32, deadline: f64) -> PyResult<bool> {
         let class = DispatchClass::parse(cls).map_err(dispatch_err)?;
         Ok(self.inner.enqueue_with_deadline(request_id, class, tokens, deadline))
     }
 
-    /// Move requests whose deadline passed to the late queue; how many moved.
+    /// Remove and return the waiting requests whose deadline passed: the
+    /// caller sheds them (they can no longer meet their SLO).
     #[pyo3(signature = (now))]
-    fn demote_expired(&mut self, now: f64) -> usize {
-        self.inner.demote_expired(now)
+    fn take_expired(&mut self, now: f64) -> Vec<u64> {
+        self.inner.take_expired(now)
     }
 
     fn __len__(&self) -> usize {

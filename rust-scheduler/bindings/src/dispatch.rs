@@ -39,24 +39,42 @@ impl Dispatcher {
         self.inner.set_plan(&self.tiers.borrow(py).inner, &plan.inner);
     }
 
-    /// Dispatch a new request: (group_first_gpu, tp, class, charge).
-    #[pyo3(signature = (request_id, tier, prompt_tokens))]
-    fn dispatch(&mut self, py: Python<'_>, request_id: u64, tier: &str, prompt_tokens: u32) -> PyResult<DecisionTuple> {
+    /// Dispatch a new request: (group_first_gpu, tp, class, charge); an
+    /// error when every group of the tier is at its SLO budget.
+    #[pyo3(signature = (request_id, tier, prompt_tokens, prefill_groups = true))]
+    fn dispatch(
+        &mut self,
+        py: Python<'_>,
+        request_id: u64,
+        tier: &str,
+        prompt_tokens: u32,
+        prefill_groups: bool,
+    ) -> PyResult<DecisionTuple> {
         let id = self.tier_id(py, tier)?;
         self.inner
-            .dispatch(request_id, id, prompt_tokens)
+            .dispatch(request_id, id, prompt_tokens, prefill_groups)
             .map(decision)
             .map_err(dispatch_err)
     }
 
-    /// Move a prefilled request to a decode group of its tier.
-    #[pyo3(signature = (request_id, tier))]
-    fn dispatch_decode(&mut self, py: Python<'_>, request_id: u64, tier: &str) -> PyResult<DecisionTuple> {
-        let id = self.tier_id(py, tier)?;
-        self.inner.dispatch_decode(request_id, id).map(decision).map_err(dispatch_err)
+    /// The request's prompt is prefilled: its prompt tokens come back.
+    /// True when it sits on a prefill-only group (it needs a decode slot).
+    #[pyo3(signature = (request_id))]
+    fn prefill_done(&mut self, request_id: u64) -> PyResult<bool> {
+        self.inner.prefill_done(request_id).map_err(dispatch_err)
     }
 
-    /// Return the request's bandwidth; the amount returned.
+    /// Move a prefilled request to a free decode slot of its tier; None
+    /// when there is none.
+    #[pyo3(signature = (request_id, colocated_too = false))]
+    fn dispatch_decode(&mut self, request_id: u64, colocated_too: bool) -> PyResult<Option<DecisionTuple>> {
+        self.inner
+            .dispatch_decode(request_id, colocated_too)
+            .map(|d| d.map(decision))
+            .map_err(dispatch_err)
+    }
+
+    /// Return everything the request holds; its prompt tokens returned.
     #[pyo3(signature = (request_id))]
     fn complete(&mut self, request_id: u64) -> PyResult<u64> {
         self.inner.complete(request_id).map_err(dispatch_err)
@@ -72,14 +90,17 @@ impl Dispatcher {
         self.inner.in_flight()
     }
 
+    /// (prompt tokens, decode slots) held over all groups.
     #[getter]
-    fn total_load(&self) -> u64 {
-        self.inner.total_load()
+    fn total_load(&self) -> (u64, u64) {
+        let l = self.inner.total_load();
+        (l.tokens, l.slots)
     }
 
-    /// Load on the TP group starting at `first_gpu` of size `tp`.
+    /// (prompt tokens, decode slots) on the TP group at `first_gpu` of size `tp`.
     #[pyo3(signature = (first_gpu, tp))]
-    fn load_of(&self, first_gpu: u32, tp: u32) -> u64 {
-        self.inner.load_of((first_gpu, tp))
+    fn load_of(&self, first_gpu: u32, tp: u32) -> (u64, u64) {
+        let l = self.inner.load_of((first_gpu, tp));
+        (l.tokens, l.slots)
     }
 }

@@ -138,6 +138,7 @@ impl Planner {
             allow_colocated: allow_colocated.unwrap_or(d.allow_colocated),
             allow_disaggregated: allow_disaggregated.unwrap_or(d.allow_disaggregated),
             target_utilization: target_utilization.unwrap_or(d.target_utilization),
+            ..d
         };
         let tier_names = tiers.inner.tiers().iter().map(|t| t.name.clone()).collect();
         let inner = core::Planner::new(profile.inner.clone(), tiers.inner.clone(), cluster, config).map_err(plan_err)?;

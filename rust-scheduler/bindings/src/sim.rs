@@ -59,8 +59,8 @@ pub fn simulate<'py>(
         gpus_per_node: gpus_per_node.unwrap_or(d.gpus_per_node),
         window_s: window_s.unwrap_or(d.window_s),
         demand_memory_s: d.demand_memory_s,
-        switch_ms: switch_ms.unwrap_or(d.switch_ms),
-        kv_gbps: kv_gbps.unwrap_or(d.kv_gbps),
+        switch_ms: switch_ms.or(d.switch_ms),
+        kv_gbps: kv_gbps.or(d.kv_gbps),
         tp,
         prefill_share,
     };

@@ -1,11 +1,14 @@
 //! The local batch policy (DESIGN.md §1): per GPU group, three FCFS queues
 //! (feasible, best-effort, background); each iteration the batch is filled
-//! from them in that order, up to the plan's batch cap and token cap. The
-//! worker calls it through the bindings and the simulator calls it directly.
+//! from them in that order, up to the plan's batch cap and token cap. A
+//! waiting request whose TTFT deadline passed can no longer count as
+//! goodput: `take_expired` hands it back to the caller to shed, so it never
+//! takes a batch slot from one that still can. The worker calls it through
+//! the bindings and the simulator calls it directly.
 
 use std::collections::VecDeque;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use crate::dispatcher::DispatchClass;
 
@@ -23,11 +26,8 @@ pub struct BatchPolicy {
     batch_cap: u32,
     /// Prompt tokens per iteration; 0 means no token limit.
     token_cap: u32,
-    /// Feasible, best-effort, background, then late: requests whose TTFT
-    /// deadline passed while waiting (they can no longer count as goodput).
-    queues: [VecDeque<Waiting>; 4],
-    /// The class each late request was queued under (for `drain`).
-    late_class: FxHashMap<u64, DispatchClass>,
+    /// Feasible, best-effort, background.
+    queues: [VecDeque<Waiting>; 3],
     queued: FxHashSet<u64>,
 }
 
@@ -45,7 +45,6 @@ impl BatchPolicy {
             batch_cap: batch_cap.max(1),
             token_cap,
             queues: Default::default(),
-            late_class: FxHashMap::default(),
             queued: FxHashSet::default(),
         }
     }
@@ -70,7 +69,7 @@ impl BatchPolicy {
     }
 
     /// Queues a request that can only meet its SLO if it starts by
-    /// `deadline` (see `demote_expired`).
+    /// `deadline` (see `take_expired`).
     pub fn enqueue_with_deadline(&mut self, id: u64, class: DispatchClass, tokens: u32, deadline: f64) -> bool {
         if !self.queued.insert(id) {
             return false;
@@ -79,24 +78,28 @@ impl BatchPolicy {
         true
     }
 
-    /// Moves waiting feasible and best-effort requests whose deadline has
-    /// passed to the late queue, after background work: they can no longer
-    /// count as goodput, so under overload they must not delay requests that
-    /// still can. Deadlines follow arrival order, so expired requests sit at
-    /// the head of their queue (one queued out of order is caught once it
-    /// reaches the head). Returns how many moved.
-    pub fn demote_expired(&mut self, now: f64) -> usize {
-        let [feasible, best_effort, _, late] = &mut self.queues;
-        let mut moved = 0;
-        for (q, class) in [(feasible, DispatchClass::Feasible), (best_effort, DispatchClass::BestEffort)] {
-            while let Some(w) = q.front().copied().filter(|w| w.deadline <= now) {
-                q.pop_front();
-                late.push_back(w);
-                self.late_class.insert(w.id, class);
-                moved += 1;
+    /// Removes and returns the waiting requests whose deadline has passed
+    /// (`deadline <= now`), in queue order: the caller sheds them. Every
+    /// waiting request is checked, so one queued out of deadline order is
+    /// caught too.
+    pub fn take_expired(&mut self, now: f64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for q in &mut self.queues {
+            if q.iter().all(|w| w.deadline > now) {
+                continue;
             }
+            q.retain(|w| {
+                let keep = w.deadline > now;
+                if !keep {
+                    out.push(w.id);
+                }
+                keep
+            });
         }
-        moved
+        for id in &out {
+            self.queued.remove(id);
+        }
+        out
     }
 
     /// Removes a waiting request (cancel); false if it was not waiting.
@@ -104,7 +107,6 @@ impl BatchPolicy {
         if !self.queued.remove(&id) {
             return false;
         }
-        self.late_class.remove(&id);
         for q in &mut self.queues {
             if let Some(pos) = q.iter().position(|w| w.id == id) {
                 q.remove(pos);
@@ -138,7 +140,6 @@ impl BatchPolicy {
                 }
                 q.pop_front();
                 self.queued.remove(&head.id);
-                self.late_class.remove(&head.id);
                 tokens_left = tokens_left.saturating_sub(u64::from(head.tokens));
                 slots -= 1;
                 out.push(head.id);
@@ -148,31 +149,20 @@ impl BatchPolicy {
     }
 
     /// Empties every queue, in fill order (feasible, best-effort,
-    /// background, late; FCFS within each), each request with the class it
-    /// was queued under: what a group hands over when it stops.
+    /// background; FCFS within each), each request with the class it was
+    /// queued under: what a group hands over when it stops.
     pub fn drain(&mut self) -> Vec<(u64, DispatchClass)> {
         self.queued.clear();
         let mut out = Vec::new();
         for (q, class) in self.queues.iter_mut().zip(DispatchClass::ALL) {
             out.extend(q.drain(..).map(|w| (w.id, class)));
         }
-        let late_class = std::mem::take(&mut self.late_class);
-        out.extend(
-            self.queues[3]
-                .drain(..)
-                .map(|w| (w.id, late_class.get(&w.id).copied().unwrap_or(DispatchClass::BestEffort))),
-        );
         out
     }
 
-    /// Waiting requests per queue: [feasible, best_effort, background, late].
-    pub fn queue_lengths(&self) -> [usize; 4] {
-        [
-            self.queues[0].len(),
-            self.queues[1].len(),
-            self.queues[2].len(),
-            self.queues[3].len(),
-        ]
+    /// Waiting requests per queue: [feasible, best_effort, background].
+    pub fn queue_lengths(&self) -> [usize; 3] {
+        [self.queues[0].len(), self.queues[1].len(), self.queues[2].len()]
     }
 
     pub fn len(&self) -> usize {
@@ -198,7 +188,7 @@ mod tests {
         p.enqueue(4, Feasible, 10);
         p.enqueue(5, Background, 10);
         assert_eq!(p.next_batch(1), vec![3, 4, 2]);
-        assert_eq!(p.queue_lengths(), [0, 0, 2, 0]);
+        assert_eq!(p.queue_lengths(), [0, 0, 2]);
         assert_eq!(p.next_batch(0), vec![1, 5]);
         assert!(p.is_empty());
     }
@@ -241,22 +231,24 @@ mod tests {
     }
 
     #[test]
-    fn expired_feasible_requests_yield_to_ones_that_can_still_make_it() {
+    fn expired_requests_are_handed_back_and_never_batched() {
         let mut p = BatchPolicy::new(2, 0);
         p.enqueue_with_deadline(1, Feasible, 10, 1.0);
         p.enqueue_with_deadline(2, Feasible, 10, 5.0);
         p.enqueue(3, BestEffort, 10);
         p.enqueue_with_deadline(4, Feasible, 10, 6.0);
         p.enqueue(5, Background, 10);
-        assert_eq!(p.demote_expired(0.5), 0);
-        assert_eq!(p.demote_expired(2.0), 1);
-        assert_eq!(p.queue_lengths(), [2, 1, 1, 1]);
+        assert!(p.take_expired(0.5).is_empty());
+        assert_eq!(p.take_expired(2.0), vec![1]);
+        assert_eq!(p.queue_lengths(), [2, 1, 1]);
         assert_eq!(p.next_batch(0), vec![2, 4]);
-        // The expired one now waits behind best-effort and background work.
         assert_eq!(p.next_batch(0), vec![3, 5]);
-        p.enqueue_with_deadline(6, Feasible, 10, 3.0);
-        p.demote_expired(9.0);
-        assert_eq!(p.drain(), vec![(1, Feasible), (6, Feasible)]);
+        // Out of deadline order: still caught.
+        p.enqueue_with_deadline(6, Feasible, 10, 9.0);
+        p.enqueue_with_deadline(7, Feasible, 10, 3.0);
+        assert_eq!(p.take_expired(4.0), vec![7]);
+        assert_eq!(p.drain(), vec![(6, Feasible)]);
+        assert!(!p.remove(7));
     }
 
     #[test]

@@ -1,22 +1,33 @@
 //! FCFS request dispatch on the request path (DESIGN.md §1, Dispatch).
 //!
-//! - background tier → round robin over background groups (any prefill-
-//!   capable group if no background tier has one);
-//! - otherwise → the least-loaded prefill-capable group of the tier that
-//!   still has SLO bandwidth for the request (an idle group always has:
-//!   a long prompt is served soonest there) (`Feasible`); if none has,
-//!   round-robin spill over every prefill-capable group (`BestEffort`).
-//!   (Spilling to the least-loaded group by prompt-token load was tried
-//!   in replay and did worse: that load ignores decode work.)
+//! A group's SLO budget has two parts, both from the plan:
+//! - **prompt tokens** waiting to be prefilled (prefill and colocated
+//!   groups): beyond the budget the newest prompt's TTFT runs out in the
+//!   queue;
+//! - **decode slots** (decode and colocated groups): the planned batch cap,
+//!   the largest batch whose step fits the tier's TPOT. It is hard: a group
+//!   never holds more requests than its cap.
 //!
-//! Each dispatched request is charged to its group (prompt tokens; one slot
-//! on decode groups) and its completion returns exactly that charge. Charges
-//! on groups a new plan removed are kept until their requests complete.
+//! - background tier → round robin over background groups, budgets ignored
+//!   (it has no SLO); without such groups, the least-full prefill-capable
+//!   group with room, and it runs behind SLO work in the batch policy;
+//! - SLO tier → the least-loaded prefill-capable group of the tier with room
+//!   in both parts (an idle group always has room: a long prompt is served
+//!   soonest there) as `Feasible`; if none has, `OverBudget`: the caller
+//!   sheds the request rather than let it delay work that can still meet
+//!   its SLO (no best-effort spill: a request in a batch holds its slot
+//!   until it finishes, whether or not it still counts).
+//!
+//! A request's prompt charge comes back at its first token (`prefill_done`);
+//! its decode slot when it finishes (`complete`). A prefilled request on a
+//! prefill group takes a decode slot with `dispatch_decode`, or none is free
+//! and it waits (the control loop queues it). Charges on groups a new plan
+//! removed are kept until their requests return them.
 
 use rustc_hash::FxHashMap;
 use thiserror::Error;
 
-use crate::plan::{Plan, Role};
+use crate::plan::{GroupKey, Plan, Role};
 use crate::tiers::{TierId, TierSet};
 
 /// Why a request went where it went; also its queue in the batch policy.
@@ -58,36 +69,96 @@ pub enum DispatchError {
     UnknownRequest(u64),
     #[error("no GPU group can take {0} requests under the current plan")]
     NoCapacity(&'static str),
+    #[error("tier {tier}: every group of the tier is at its SLO budget")]
+    OverBudget { tier: TierId },
 }
-
-/// A TP group is identified by (first GPU, TP size) across plans.
-pub type GroupKey = (u32, u32);
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Decision {
     pub group_first_gpu: u32,
     pub tp: u32,
     pub class: DispatchClass,
-    /// Bandwidth taken; returned by `complete`.
+    /// Prompt tokens charged (0 for a decode hand-off).
     pub charge: u64,
+}
+
+impl Decision {
+    pub fn key(&self) -> GroupKey {
+        (self.group_first_gpu, self.tp)
+    }
+}
+
+/// What one request or one group holds: prompt tokens still to prefill and
+/// decode slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub tokens: u64,
+    pub slots: u64,
+}
+
+impl Load {
+    fn add(&mut self, o: Load) {
+        self.tokens += o.tokens;
+        self.slots += o.slots;
+    }
+
+    fn sub(&mut self, o: Load) {
+        self.tokens -= o.tokens;
+        self.slots -= o.slots;
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.tokens == 0 && self.slots == 0
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Charge {
+    tier: TierId,
     key: GroupKey,
-    amount: u64,
-    class: DispatchClass,
-    /// Whether the group also decodes (colocated), so a decode hand-off
-    /// can leave the request where it is.
-    on_colocated: bool,
+    load: Load,
+    role: Role,
 }
 
 #[derive(Debug, Clone)]
 struct Slot {
     key: GroupKey,
     role: Role,
-    budget: u64,
-    load: u64,
+    token_budget: u64,
+    slot_budget: u64,
+    load: Load,
+}
+
+impl Slot {
+    fn holds_slots(&self) -> bool {
+        self.role != Role::Prefill
+    }
+
+    /// Whether `add` fits the budget. An idle group always fits.
+    fn fits(&self, add: Load) -> bool {
+        if self.load.is_zero() {
+            return true;
+        }
+        let tokens_ok = add.tokens == 0 || self.load.tokens + add.tokens <= self.token_budget;
+        let slots_ok = add.slots == 0 || self.load.slots + add.slots <= self.slot_budget;
+        tokens_ok && slots_ok
+    }
+
+    /// Fullness in [0, 1+]: the tighter of the two parts.
+    fn fullness(&self) -> f64 {
+        let part = |used: u64, budget: u64| if budget == 0 { 1.0 } else { used as f64 / budget as f64 };
+        let tokens = if self.role == Role::Decode {
+            0.0
+        } else {
+            part(self.load.tokens, self.token_budget)
+        };
+        let slots = if self.holds_slots() {
+            part(self.load.slots, self.slot_budget)
+        } else {
+            0.0
+        };
+        tokens.max(slots)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -97,15 +168,13 @@ pub struct Dispatcher {
     slots: Vec<Slot>,
     slot_of: FxHashMap<GroupKey, usize>,
     /// Loads left on groups that are no longer in the plan.
-    retired: FxHashMap<GroupKey, u64>,
+    retired: FxHashMap<GroupKey, Load>,
     tier_prefill: Vec<Vec<usize>>,
     tier_decode: Vec<Vec<usize>>,
     all_prefill: Vec<usize>,
-    all_decode: Vec<usize>,
     background: Vec<usize>,
-    spill_cursor: usize,
+    has_background_groups: bool,
     background_cursor: usize,
-    decode_spill_cursor: usize,
     in_flight: FxHashMap<u64, Charge>,
 }
 
@@ -118,10 +187,10 @@ impl Dispatcher {
 
     /// Switches to a new plan; loads of groups that persist carry over.
     pub fn set_plan(&mut self, tiers: &TierSet, plan: &Plan) {
-        let mut loads: FxHashMap<GroupKey, u64> = std::mem::take(&mut self.retired);
+        let mut loads: FxHashMap<GroupKey, Load> = std::mem::take(&mut self.retired);
         for s in self.slots.drain(..) {
-            if s.load > 0 {
-                *loads.entry(s.key).or_default() += s.load;
+            if !s.load.is_zero() {
+                loads.entry(s.key).or_default().add(s.load);
             }
         }
         self.num_tiers = tiers.len();
@@ -130,16 +199,16 @@ impl Dispatcher {
         self.tier_prefill = vec![Vec::new(); tiers.len()];
         self.tier_decode = vec![Vec::new(); tiers.len()];
         self.all_prefill.clear();
-        self.all_decode.clear();
         self.background.clear();
         for g in &plan.groups {
-            let key = (g.first_gpu, g.tp);
+            let key = g.key();
             let i = self.slots.len();
             self.slots.push(Slot {
                 key,
                 role: g.role,
-                budget: g.slo_budget,
-                load: loads.remove(&key).unwrap_or(0),
+                token_budget: g.slo_budget,
+                slot_budget: u64::from(g.batch_cap),
+                load: loads.remove(&key).unwrap_or_default(),
             });
             self.slot_of.insert(key, i);
             if g.role.takes_prefill() {
@@ -149,102 +218,146 @@ impl Dispatcher {
                     self.background.push(i);
                 }
             }
-            if matches!(g.role, Role::Decode) {
+            if g.role == Role::Decode {
                 self.tier_decode[g.tier].push(i);
-                self.all_decode.push(i);
             }
         }
-        if self.background.is_empty() {
-            self.background = self.all_prefill.clone();
-        }
+        self.has_background_groups = !self.background.is_empty();
         self.retired = loads;
     }
 
-    /// Dispatches a new request's prefill.
-    pub fn dispatch(&mut self, request_id: u64, tier: TierId, prompt_tokens: u32) -> Result<Decision, DispatchError> {
-        self.check_new(request_id, tier)?;
-        let charge = u64::from(prompt_tokens.max(1));
-        let (slot, class) = if self.tier_is_background[tier] {
-            let slot = round_robin(&self.background, &mut self.background_cursor).ok_or(DispatchError::NoCapacity("background"))?;
-            (slot, DispatchClass::Background)
-        } else if let Some(slot) = least_loaded_feasible(&self.slots, &self.tier_prefill[tier], charge) {
-            (slot, DispatchClass::Feasible)
-        } else {
-            let slot = round_robin(&self.all_prefill, &mut self.spill_cursor).ok_or(DispatchError::NoCapacity("new"))?;
-            (slot, DispatchClass::BestEffort)
-        };
-        Ok(self.charge(request_id, slot, charge, class))
+    /// Dispatches a new request's prefill. `prefill_groups`: whether the
+    /// tier's prefill-only groups may take it (not while its prefilled
+    /// requests wait for decode slots: more would only wait too).
+    pub fn dispatch(&mut self, request_id: u64, tier: TierId, prompt_tokens: u32, prefill_groups: bool) -> Result<Decision, DispatchError> {
+        self.dispatch_avoiding(request_id, tier, prompt_tokens, prefill_groups, &[])
     }
 
-    /// Moves a prefilled request to a decode group of its tier, returning its
-    /// prefill charge first. Without room in the tier's decode groups, a
-    /// request on a colocated group decodes where it is (charge 0); otherwise
-    /// it spills round robin to any decode group, or stays if there is none.
-    pub fn dispatch_decode(&mut self, request_id: u64, tier: TierId) -> Result<Decision, DispatchError> {
-        if tier >= self.num_tiers {
-            return Err(DispatchError::UnknownTier {
-                tier,
-                num_tiers: self.num_tiers,
-            });
-        }
-        let current = *self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
-        let background = self.tier_is_background[tier];
-        let target = if let Some(slot) = least_loaded_feasible(&self.slots, &self.tier_decode[tier], 1) {
-            Some((
-                slot,
-                if background {
-                    DispatchClass::Background
-                } else {
-                    DispatchClass::Feasible
-                },
-            ))
-        } else if current.on_colocated {
-            None
-        } else {
-            round_robin(&self.all_decode, &mut self.decode_spill_cursor).map(|slot| {
-                (
-                    slot,
-                    if background {
-                        DispatchClass::Background
-                    } else {
-                        DispatchClass::BestEffort
-                    },
-                )
+    /// `dispatch`, never onto the groups in `down` (failed or unreachable).
+    /// When an SLO tier has no group up (none planned, e.g. fewer live GPUs
+    /// than tiers, or all down), the request fails over to the least-full
+    /// group of another tier that has room, as best effort.
+    pub fn dispatch_avoiding(
+        &mut self,
+        request_id: u64,
+        tier: TierId,
+        prompt_tokens: u32,
+        prefill_groups: bool,
+        down: &[GroupKey],
+    ) -> Result<Decision, DispatchError> {
+        self.check_new(request_id, tier)?;
+        let tokens = u64::from(prompt_tokens.max(1));
+        let slots = &self.slots;
+        let up = |i: &usize| !down.contains(&slots[*i].key);
+        let room = |i: &usize| {
+            let s = &slots[*i];
+            s.fits(Load {
+                tokens,
+                slots: u64::from(s.holds_slots()),
             })
         };
-        self.complete(request_id)?;
-        Ok(match target {
-            Some((slot, class)) => self.charge(request_id, slot, 1, class),
-            None => {
-                self.in_flight.insert(request_id, Charge { amount: 0, ..current });
-                Decision {
-                    group_first_gpu: current.key.0,
-                    tp: current.key.1,
-                    class: current.class,
-                    charge: 0,
-                }
+        if self.tier_is_background[tier] {
+            if self.has_background_groups {
+                let live: Vec<usize> = self.background.iter().copied().filter(up).collect();
+                let slot = round_robin(&live, &mut self.background_cursor).ok_or(DispatchError::NoCapacity("background"))?;
+                return Ok(self.charge(request_id, tier, slot, tokens, DispatchClass::Background));
             }
-        })
+            // On other tiers' groups only with room to spare: a running
+            // background request holds its slot until it finishes.
+            let fitting = self.all_prefill.iter().copied().filter(up).filter(room);
+            let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
+            return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Background));
+        }
+        let own: Vec<usize> = self.tier_prefill[tier].iter().copied().filter(up).collect();
+        if own.is_empty() {
+            let fitting = self.all_prefill.iter().copied().filter(up).filter(room);
+            let best = least_full(slots, fitting).ok_or(DispatchError::NoCapacity("this tier's"))?;
+            return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::BestEffort));
+        }
+        let fitting = own
+            .into_iter()
+            .filter(|&i| prefill_groups || slots[i].role != Role::Prefill)
+            .filter(|i| room(i));
+        let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
+        Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Feasible))
     }
 
-    /// Returns the request's charge to its group; the amount returned.
+    /// The request's prompt is prefilled: its prompt charge comes back.
+    /// Returns whether it sits on a prefill-only group (it then needs a
+    /// decode slot elsewhere).
+    pub fn prefill_done(&mut self, request_id: u64) -> Result<bool, DispatchError> {
+        let c = self
+            .in_flight
+            .get_mut(&request_id)
+            .ok_or(DispatchError::UnknownRequest(request_id))?;
+        let give = Load {
+            tokens: c.load.tokens,
+            slots: 0,
+        };
+        c.load.tokens = 0;
+        let (key, role) = (c.key, c.role);
+        self.release(key, give);
+        Ok(role == Role::Prefill)
+    }
+
+    /// Moves a prefilled request to the least-full decode group of its tier
+    /// with a free slot (`colocated_too`: or a colocated one, for a request
+    /// whose group is stopping); `None` (nothing changes) when none has one.
+    pub fn dispatch_decode(&mut self, request_id: u64, colocated_too: bool) -> Result<Option<Decision>, DispatchError> {
+        let tier = self
+            .in_flight
+            .get(&request_id)
+            .ok_or(DispatchError::UnknownRequest(request_id))?
+            .tier;
+        let slots = &self.slots;
+        let free = |v: &[usize]| {
+            v.iter()
+                .copied()
+                .filter(|&i| slots[i].holds_slots() && slots[i].load.slots < slots[i].slot_budget)
+                .collect::<Vec<_>>()
+        };
+        let mut candidates = free(&self.tier_decode[tier]);
+        if candidates.is_empty() && colocated_too {
+            candidates = free(&self.tier_prefill[tier]);
+        }
+        let Some(target) = least_full(slots, candidates.into_iter()) else {
+            return Ok(None);
+        };
+        let class = if self.tier_is_background[tier] {
+            DispatchClass::Background
+        } else {
+            DispatchClass::Feasible
+        };
+        self.complete(request_id)?;
+        Ok(Some(self.charge_load(
+            request_id,
+            tier,
+            target,
+            Load { tokens: 0, slots: 1 },
+            class,
+        )))
+    }
+
+    /// The tier a request in flight belongs to.
+    pub fn tier_of(&self, request_id: u64) -> Option<TierId> {
+        self.in_flight.get(&request_id).map(|c| c.tier)
+    }
+
+    /// Whether some decode group of `tier` has a free slot.
+    pub fn decode_slot_free(&self, tier: TierId) -> bool {
+        self.tier_decode
+            .get(tier)
+            .is_some_and(|v| v.iter().any(|&i| self.slots[i].load.slots < self.slots[i].slot_budget))
+    }
+
+    /// Returns everything the request holds; its prompt tokens returned.
     pub fn complete(&mut self, request_id: u64) -> Result<u64, DispatchError> {
         let c = self
             .in_flight
             .remove(&request_id)
             .ok_or(DispatchError::UnknownRequest(request_id))?;
-        match self.slot_of.get(&c.key) {
-            Some(&i) => self.slots[i].load -= c.amount,
-            None if c.amount == 0 => {}
-            None => {
-                let left = self.retired.get_mut(&c.key).expect("a charge's group is planned or retired");
-                *left -= c.amount;
-                if *left == 0 {
-                    self.retired.remove(&c.key);
-                }
-            }
-        }
-        Ok(c.amount)
+        self.release(c.key, c.load);
+        Ok(c.load.tokens)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -255,20 +368,33 @@ impl Dispatcher {
         self.in_flight.contains_key(&request_id)
     }
 
+    /// The group a request is charged to.
+    pub fn group_of(&self, request_id: u64) -> Option<GroupKey> {
+        self.in_flight.get(&request_id).map(|c| c.key)
+    }
+
     /// Load on a group, planned or retired.
-    pub fn load_of(&self, key: GroupKey) -> u64 {
+    pub fn load_of(&self, key: GroupKey) -> Load {
         self.slot_of
             .get(&key)
-            .map_or_else(|| self.retired.get(&key).copied().unwrap_or(0), |&i| self.slots[i].load)
+            .map_or_else(|| self.retired.get(&key).copied().unwrap_or_default(), |&i| self.slots[i].load)
     }
 
     /// Sum of all group loads (equals the sum of in-flight charges).
-    pub fn total_load(&self) -> u64 {
-        self.slots.iter().map(|s| s.load).sum::<u64>() + self.retired.values().sum::<u64>()
+    pub fn total_load(&self) -> Load {
+        let mut t = Load::default();
+        for l in self.slots.iter().map(|s| s.load).chain(self.retired.values().copied()) {
+            t.add(l);
+        }
+        t
     }
 
-    pub fn total_charged(&self) -> u64 {
-        self.in_flight.values().map(|c| c.amount).sum()
+    pub fn total_charged(&self) -> Load {
+        let mut t = Load::default();
+        for c in self.in_flight.values() {
+            t.add(c.load);
+        }
+        t
     }
 
     fn check_new(&self, request_id: u64, tier: TierId) -> Result<(), DispatchError> {
@@ -284,40 +410,55 @@ impl Dispatcher {
         Ok(())
     }
 
-    fn charge(&mut self, request_id: u64, slot: usize, amount: u64, class: DispatchClass) -> Decision {
+    fn release(&mut self, key: GroupKey, load: Load) {
+        if load.is_zero() {
+            return;
+        }
+        match self.slot_of.get(&key) {
+            Some(&i) => self.slots[i].load.sub(load),
+            None => {
+                let left = self.retired.get_mut(&key).expect("a charge's group is planned or retired");
+                left.sub(load);
+                if left.is_zero() {
+                    self.retired.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn charge(&mut self, request_id: u64, tier: TierId, slot: usize, tokens: u64, class: DispatchClass) -> Decision {
+        let slots = u64::from(self.slots[slot].holds_slots());
+        self.charge_load(request_id, tier, slot, Load { tokens, slots }, class)
+    }
+
+    fn charge_load(&mut self, request_id: u64, tier: TierId, slot: usize, load: Load, class: DispatchClass) -> Decision {
         let s = &mut self.slots[slot];
-        s.load += amount;
+        s.load.add(load);
         self.in_flight.insert(
             request_id,
             Charge {
+                tier,
                 key: s.key,
-                amount,
-                class,
-                on_colocated: s.role == Role::Colocated,
+                load,
+                role: s.role,
             },
         );
         Decision {
             group_first_gpu: s.key.0,
             tp: s.key.1,
             class,
-            charge: amount,
+            charge: load.tokens,
         }
     }
 }
 
-/// The candidate with the lowest load fraction that still fits `amount`.
-/// An idle group always fits: a prompt larger than a group's budget is
-/// still served soonest on an idle group. Groups with no SLO budget never do.
-fn least_loaded_feasible(slots: &[Slot], candidates: &[usize], amount: u64) -> Option<usize> {
+/// The least-full candidate (ties: the first).
+fn least_full(slots: &[Slot], candidates: impl Iterator<Item = usize>) -> Option<usize> {
     let mut best: Option<(f64, usize)> = None;
-    for &i in candidates {
-        let s = &slots[i];
-        if s.budget == 0 || (s.load > 0 && s.load + amount > s.budget) {
-            continue;
-        }
-        let frac = s.load as f64 / s.budget as f64;
-        if best.is_none_or(|(b, _)| frac < b) {
-            best = Some((frac, i));
+    for i in candidates {
+        let f = slots[i].fullness();
+        if best.is_none_or(|(b, _)| f < b) {
+            best = Some((f, i));
         }
     }
     best.map(|(_, i)| i)

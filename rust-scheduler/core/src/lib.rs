@@ -8,11 +8,14 @@
 
 pub mod batch_policy;
 pub mod bench;
+pub mod control;
 pub mod dispatcher;
 pub mod estimator;
+pub mod live_view;
 pub mod plan;
 pub mod planner;
 pub mod profile;
 pub mod stats;
+pub mod switch_cost;
 pub mod tiers;
 pub mod topology;

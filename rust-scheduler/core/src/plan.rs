@@ -44,6 +44,9 @@ impl fmt::Display for Role {
     }
 }
 
+/// A TP group's identity across plans and processes: (first GPU, TP size).
+pub type GroupKey = (u32, u32);
+
 /// One TP group of a plan.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupPlan {
@@ -65,6 +68,10 @@ pub struct GroupPlan {
 }
 
 impl GroupPlan {
+    pub fn key(&self) -> GroupKey {
+        (self.first_gpu, self.tp)
+    }
+
     pub fn gpus(&self) -> std::ops::Range<u32> {
         self.first_gpu..self.first_gpu + self.tp
     }

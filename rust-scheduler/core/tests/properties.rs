@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
-use tiertp_scheduler::dispatcher::Dispatcher;
+use tiertp_scheduler::dispatcher::{Dispatcher, Load};
 use tiertp_scheduler::estimator::estimate_tp;
 use tiertp_scheduler::plan::Plan;
 use tiertp_scheduler::planner::{Planner, PlannerConfig};
@@ -191,30 +191,38 @@ proptest! {
         };
         let plan = plan_for(&mut planner, 10);
         let mut d = Dispatcher::new(&tiers, &plan);
-        // Model: request id -> (tier, charge it holds).
-        let mut model: HashMap<u64, (usize, u64)> = HashMap::new();
+        // Model: request id -> (prompt tokens it still holds, decode slots).
+        let mut model: HashMap<u64, (u64, u64)> = HashMap::new();
         let mut next = 0u64;
+        let sum = |m: &HashMap<u64, (u64, u64)>| m.values().fold(Load::default(), |a, &(t, s)| Load { tokens: a.tokens + t, slots: a.slots + s });
         for op in ops {
             let mut ids: Vec<u64> = model.keys().copied().collect();
             ids.sort_unstable();
             match op {
                 Op::Dispatch { tier, prompt } => {
-                    let dec = d.dispatch(next, tier, prompt).unwrap();
-                    prop_assert_eq!(dec.charge, u64::from(prompt));
-                    prop_assert!(model.insert(next, (tier, dec.charge)).is_none());
-                    prop_assert!(d.dispatch(next, tier, prompt).is_err(), "duplicate id accepted");
+                    if let Ok(dec) = d.dispatch(next, tier, prompt, true) {
+                        prop_assert_eq!(dec.charge, u64::from(prompt));
+                        let slots = d.load_of(dec.key()).slots.min(1);
+                        prop_assert!(model.insert(next, (dec.charge, slots)).is_none());
+                        prop_assert!(d.dispatch(next, tier, prompt, true).is_err(), "duplicate id accepted");
+                    } else {
+                        prop_assert!(!d.is_in_flight(next), "a refused request holds nothing");
+                    }
                     next += 1;
                 }
                 Op::Decode { pick } if !ids.is_empty() => {
                     let id = ids[pick % ids.len()];
-                    let tier = model[&id].0;
-                    let dec = d.dispatch_decode(id, tier).unwrap();
-                    model.insert(id, (tier, dec.charge));
+                    d.prefill_done(id).unwrap();
+                    model.get_mut(&id).unwrap().0 = 0;
+                    if let Some(dec) = d.dispatch_decode(id, pick % 2 == 0).unwrap() {
+                        prop_assert_eq!(dec.charge, 0);
+                        model.insert(id, (0, 1));
+                    }
                 }
                 Op::Complete { pick } if !ids.is_empty() => {
                     let id = ids[pick % ids.len()];
-                    let (_, charge) = model.remove(&id).unwrap();
-                    prop_assert_eq!(d.complete(id).unwrap(), charge);
+                    let (tokens, _) = model.remove(&id).unwrap();
+                    prop_assert_eq!(d.complete(id).unwrap(), tokens);
                     prop_assert!(d.complete(id).is_err(), "completed twice");
                 }
                 Op::Replan { load } => {
@@ -224,15 +232,15 @@ proptest! {
                 _ => {}
             }
             prop_assert_eq!(d.in_flight(), model.len());
-            prop_assert_eq!(d.total_load(), model.values().map(|&(_, c)| c).sum::<u64>());
+            prop_assert_eq!(d.total_load().tokens, sum(&model).tokens);
             prop_assert_eq!(d.total_load(), d.total_charged());
         }
         let ids: Vec<u64> = model.keys().copied().collect();
         for id in ids {
             prop_assert!(d.is_in_flight(id));
-            prop_assert_eq!(d.complete(id).unwrap(), model[&id].1);
+            prop_assert_eq!(d.complete(id).unwrap(), model[&id].0);
         }
-        prop_assert_eq!(d.total_load(), 0);
+        prop_assert!(d.total_load().is_zero());
         prop_assert_eq!(d.in_flight(), 0);
     }
 }

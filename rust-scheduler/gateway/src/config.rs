@@ -67,9 +67,6 @@ pub struct GatewayConfig {
     /// as down (its GPUs leave the plan) until it answers again; also the
     /// longest wait for a `plan_applied` (unanswered: sent again next window).
     pub stats_timeout: Duration,
-    /// Arrival rate horizon and memory of the observer (see `ArrivalObserver`).
-    pub horizon: Duration,
-    pub memory: Duration,
     /// Longest wait for a worker's next event before the request fails (504).
     pub worker_timeout: Duration,
     pub connect_timeout: Duration,
@@ -91,8 +88,6 @@ impl GatewayConfig {
             planner: PlannerConfig::default(),
             window: Duration::from_secs(1),
             stats_timeout: Duration::from_secs(5),
-            horizon: Duration::from_secs(10),
-            memory: Duration::from_secs(30),
             worker_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             max_attempts: 3,
@@ -116,8 +111,8 @@ impl GatewayConfig {
                 WINDOW_RANGE.1.as_secs_f64()
             ));
         }
-        if self.horizon.is_zero() || self.stats_timeout.is_zero() {
-            return bad("horizon and stats_timeout must be > 0".into());
+        if self.stats_timeout.is_zero() {
+            return bad("stats_timeout must be > 0".into());
         }
         if self.max_attempts == 0 || self.default_max_tokens == 0 {
             return bad("max_attempts and default_max_tokens must be >= 1".into());

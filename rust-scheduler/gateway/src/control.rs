@@ -1,42 +1,34 @@
-//! The control loop and the request placement: the core `Dispatcher` places
-//! each request on a TP group (FCFS, tier bandwidth), and every control
-//! window the loop polls the workers' health, runs the core `Planner` over
-//! the GPUs that are up, and brings every worker to the current plan
-//! (`apply_plan`).
+//! The gateway's side of the control loop: I/O around the core's
+//! `ControlLoop`, which decides everything (plan, commit, admission,
+//! dispatch, shedding). Here: the wall clock, the workers' health, the
+//! mapping of GPUs to workers, and pushing plans to the agents.
 //!
 //! GPU health: a GPU is up when its agent is connected, answers `stats`,
 //! and does not report the device's execution process dead or starting;
 //! a request that fails with `worker_died` takes its group's GPUs out at
 //! once (for at least one window, then the agent's word counts again) and
-//! wakes the loop. When the set of up GPUs changes, the planner is rebuilt
-//! over the live ones (see `live`), so plans never use a dead GPU, and GPUs
-//! that come back are planned again.
+//! wakes the loop. When the set of up GPUs changes, the core plans over the
+//! live ones only (`ControlLoop::set_up`), so plans never use a dead GPU,
+//! and GPUs that come back are planned again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tiertp_scheduler::dispatcher::{DispatchError, Dispatcher};
+use tiertp_scheduler::control::{Admission, ControlConfig as CoreConfig, ControlLoop, ShedReason};
+pub use tiertp_scheduler::plan::GroupKey;
 use tiertp_scheduler::plan::Plan;
-use tiertp_scheduler::planner::{Planner, PlannerConfig};
+use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::profile::Profile;
-use tiertp_scheduler::stats::{ArrivalObserver, TierStats};
 use tiertp_scheduler::tiers::{TierId, TierSet};
+use tiertp_scheduler::topology::Cluster;
 use tokio::sync::Notify;
 
 use crate::error::ApiError;
-use crate::live::LiveView;
 use crate::metrics::Metrics;
 use crate::protocol::{DevicePlan, StatsReply};
 use crate::worker::WorkerClient;
-
-/// Lengths the planner assumes for a tier before it has seen a request.
-const PRIOR_PROMPT_TOKENS: f64 = 512.0;
-const PRIOR_OUTPUT_TOKENS: f64 = 128.0;
-
-/// A TP group in global GPU numbering: (first GPU, TP size).
-pub type GroupKey = (u32, u32);
 
 /// Where a request went.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -62,26 +54,16 @@ struct WorkerPlan {
 }
 
 struct State {
-    dispatcher: Dispatcher,
-    observer: ArrivalObserver,
-    /// `None` when no GPU is up, or no TP level fits the live GPUs.
-    planner: Option<(Planner, LiveView)>,
-    /// Why there is no planner.
-    planner_note: Option<String>,
-    /// The committed plan, in global GPU numbering.
-    plan: Plan,
-    plan_id: u64,
+    control: ControlLoop,
     /// Per GPU: whether requests may be placed on it now.
     usable: Vec<bool>,
     /// Per GPU: what the agent said in its last `stats` (or lost connection).
     reported_up: Vec<bool>,
     /// Per GPU: out after a `worker_died` report until then.
     suspect_until: Vec<Option<Instant>>,
-    /// The GPUs the current planner plans over.
+    /// The GPUs the core plans over.
     planned_up: Vec<bool>,
     workers: Vec<WorkerPlan>,
-    /// Spill cursor over the plan's groups.
-    cursor: usize,
 }
 
 pub struct Control {
@@ -91,9 +73,6 @@ pub struct Control {
     /// cluster's nodes).
     first_gpu: Vec<u32>,
     node_sizes: Vec<u32>,
-    num_gpus: u32,
-    profile: Arc<Profile>,
-    planner_config: PlannerConfig,
     window: Duration,
     stats_timeout: Duration,
     state: Mutex<State>,
@@ -109,21 +88,7 @@ pub struct Control {
 pub struct ControlConfig {
     pub planner: PlannerConfig,
     pub window: Duration,
-    pub horizon: Duration,
-    pub memory: Duration,
     pub stats_timeout: Duration,
-}
-
-fn prior() -> TierStats {
-    TierStats::new(0.0, PRIOR_PROMPT_TOKENS, PRIOR_OUTPUT_TOKENS)
-}
-
-fn no_groups(num_gpus: u32, tiers: usize) -> Plan {
-    Plan {
-        num_gpus,
-        groups: Vec::new(),
-        tier_capacity_rps: vec![0.0; tiers],
-    }
 }
 
 impl Control {
@@ -138,41 +103,33 @@ impl Control {
         metrics: Arc<Metrics>,
     ) -> Result<Self, String> {
         let num_gpus: u32 = gpus.iter().sum();
-        let all_up = vec![true; num_gpus as usize];
-        let view = LiveView::new(gpus, &all_up).ok_or("no GPUs")?;
-        let mut planner =
-            Planner::new(profile.clone(), tiers.clone(), view.cluster.clone(), config.planner.clone()).map_err(|e| e.to_string())?;
-        let idle = vec![prior(); tiers.len()];
-        let plan = view.to_physical_plan(planner.step(&idle).map_err(|e| e.to_string())?.plan, num_gpus);
+        let cluster = Cluster::new(gpus.to_vec()).map_err(|e| e.to_string())?;
+        let core = CoreConfig {
+            planner: config.planner,
+            window_s: config.window.as_secs_f64(),
+            ..CoreConfig::default()
+        };
+        let control = ControlLoop::new(profile, tiers.clone(), cluster, core).map_err(|e| e.to_string())?;
         let mut first_gpu = Vec::with_capacity(gpus.len());
         let mut next = 0;
         for g in gpus {
             first_gpu.push(next);
             next += g;
         }
-        let observer = ArrivalObserver::new(tiers.len(), config.horizon.as_secs_f64(), config.memory.as_secs_f64(), prior());
+        let all_up = vec![true; num_gpus as usize];
         Ok(Self {
             state: Mutex::new(State {
-                dispatcher: Dispatcher::new(&tiers, &plan),
-                observer,
-                planner: Some((planner, view)),
-                planner_note: None,
-                plan,
-                plan_id: 1,
+                control,
                 usable: all_up.clone(),
                 reported_up: all_up.clone(),
                 suspect_until: vec![None; num_gpus as usize],
                 planned_up: all_up,
                 workers: vec![WorkerPlan::default(); workers.len()],
-                cursor: 0,
             }),
             tiers,
             workers,
             first_gpu,
             node_sizes: gpus.to_vec(),
-            num_gpus,
-            profile,
-            planner_config: config.planner,
             window: config.window,
             stats_timeout: config.stats_timeout,
             start: Instant::now(),
@@ -190,10 +147,19 @@ impl Control {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Records an arrival for the planner.
-    pub fn observe(&self, tier: TierId, prompt_tokens: u32, max_tokens: u32) {
-        let now = self.start.elapsed().as_secs_f64();
-        self.state.lock().unwrap().observer.record(tier, now, prompt_tokens, max_tokens);
+    /// Seconds since start: the control loop's clock.
+    fn now_s(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Seconds from now by which a request that arrived at `arrival` must
+    /// start prefilling to meet its TTFT (the core's deadline); `None` for
+    /// a tier without one.
+    pub fn start_within_s(&self, tier: TierId, arrival: Instant) -> Option<f64> {
+        let s = self.state.lock().unwrap();
+        let arrived_s = arrival.saturating_duration_since(self.start).as_secs_f64();
+        let deadline = s.control.ttft_deadline(tier, arrived_s);
+        deadline.is_finite().then(|| (deadline - self.now_s()).max(0.0))
     }
 
     fn worker_of_gpu(&self, gpu: u32) -> usize {
@@ -205,63 +171,92 @@ impl Control {
         first..first + self.node_sizes[w] as usize
     }
 
-    /// The worker of a group whose GPUs can take a request now.
-    fn usable_group(&self, s: &State, key: GroupKey) -> Option<usize> {
+    /// Whether a group's GPUs can take a request now.
+    fn group_usable(&self, s: &State, key: GroupKey) -> bool {
         let w = self.worker_of_gpu(key.0);
-        let up = (key.0..key.0 + key.1).all(|g| s.usable[g as usize]);
-        (up && self.workers[w].is_alive()).then_some(w)
+        (key.0..key.0 + key.1).all(|g| s.usable[g as usize]) && self.workers[w].is_alive()
     }
 
-    fn placement(&self, s: &State, w: usize, key: GroupKey, class: &'static str) -> Placement {
-        let runs_plan = s.workers[w].applied == Some(s.plan_id);
-        Placement {
-            worker: w,
-            key,
-            group: runs_plan.then_some((key.0 - self.first_gpu[w], key.1)),
-            class,
-        }
-    }
-
-    /// Places a request: the dispatcher's group, or, when that group is down
-    /// or was already tried (`exclude`), the next group of the plan that can
-    /// take it (best effort; the charge stays on the dispatcher's group).
-    /// 503 when none can.
-    pub fn place(&self, id: u64, tier: TierId, prompt_tokens: u32, exclude: &[GroupKey]) -> Result<Placement, ApiError> {
+    /// Places a request (the core's admission and dispatch), never on a
+    /// group that is down or was already tried (`exclude`). `first` says it
+    /// is a new arrival (recorded for the planner); later attempts follow a
+    /// failure. A shed request gets 503: `overloaded` with Retry-After (its
+    /// tier is at its SLO capacity: the server's limit, not the client's
+    /// rate, so not 429) or `no_capacity` (no live group can take it).
+    pub fn place(
+        &self,
+        id: u64,
+        tier: TierId,
+        prompt_tokens: u32,
+        max_tokens: u32,
+        exclude: &[GroupKey],
+        first: bool,
+    ) -> Result<Placement, ApiError> {
         let mut s = self.state.lock().unwrap();
-        let d = match s.dispatcher.dispatch(id, tier, prompt_tokens) {
-            Ok(d) => d,
-            Err(DispatchError::NoCapacity(_)) if s.plan.groups.is_empty() => {
-                let why = s.planner_note.clone().unwrap_or_else(|| "no GPU is up".into());
-                return Err(ApiError::NoCapacity(why));
+        let mut down: Vec<GroupKey> = s
+            .control
+            .plan()
+            .groups
+            .iter()
+            .map(|g| g.key())
+            .filter(|&k| !self.group_usable(&s, k))
+            .collect();
+        down.extend_from_slice(exclude);
+        let now = self.now_s();
+        let admission = if first && down.is_empty() {
+            s.control.admit(id, tier, prompt_tokens, max_tokens, now)
+        } else {
+            if first {
+                // Recorded as an arrival all the same.
+                let _ = s.control.admit(id, tier, prompt_tokens, max_tokens, now);
             }
-            Err(e @ DispatchError::NoCapacity(_)) => return Err(ApiError::NoCapacity(e.to_string())),
-            Err(e) => return Err(ApiError::Internal(e.to_string())),
+            s.control.readmit(id, tier, prompt_tokens, &down)
         };
-        let planned = (d.group_first_gpu, d.tp);
-        if !exclude.contains(&planned) {
-            if let Some(w) = self.usable_group(&s, planned) {
-                return Ok(self.placement(&s, w, planned, d.class.name()));
+        match admission.map_err(|e| ApiError::Internal(e.to_string()))? {
+            Admission::Admitted(d) => {
+                let key = d.key();
+                let w = self.worker_of_gpu(key.0);
+                let runs_plan = s.workers[w].applied == Some(s.control.plan_id());
+                Ok(Placement {
+                    worker: w,
+                    key,
+                    group: runs_plan.then_some((key.0 - self.first_gpu[w], key.1)),
+                    class: d.class.name(),
+                })
+            }
+            Admission::Shed { reason, retry_after_s } => {
+                self.metrics.tiers[tier].shed.fetch_add(1, Ordering::Relaxed);
+                let retry = retry_after_s.ceil().max(1.0) as u64;
+                Err(match reason {
+                    ShedReason::NoCapacity => ApiError::NoCapacity(
+                        s.control
+                            .planner_note()
+                            .map_or_else(|| "no live GPU can take the request".into(), str::to_string),
+                    ),
+                    _ => ApiError::Overloaded {
+                        message: format!(
+                            "tier {:?} is at its SLO capacity ({}); retry after {retry} s",
+                            self.tiers.tiers()[tier].name,
+                            reason.name()
+                        ),
+                        retry_after_s: retry,
+                    },
+                })
             }
         }
-        let n = s.plan.groups.len();
-        for k in 0..n {
-            let i = (s.cursor + k) % n;
-            let g = &s.plan.groups[i];
-            let key = (g.first_gpu, g.tp);
-            if g.role.takes_prefill() && !exclude.contains(&key) {
-                if let Some(w) = self.usable_group(&s, key) {
-                    s.cursor = i + 1;
-                    return Ok(self.placement(&s, w, key, "best_effort"));
-                }
-            }
-        }
-        let _ = s.dispatcher.complete(id);
-        Err(ApiError::NoCapacity("no live GPU can take the request".into()))
     }
 
-    /// Returns a request's bandwidth (completion, failure or cancellation).
+    /// A request's first token arrived: its prompt charge comes back.
+    pub fn first_token(&self, id: u64) {
+        let now = self.now_s();
+        let _ = self.state.lock().unwrap().control.first_token(id, now);
+    }
+
+    /// The request ended (completion, failure or cancellation): what it
+    /// held comes back.
     pub fn complete(&self, id: u64) {
-        let _ = self.state.lock().unwrap().dispatcher.complete(id);
+        let now = self.now_s();
+        self.state.lock().unwrap().control.finish(id, now);
     }
 
     /// A request on `key` failed with `worker_died`: its GPUs take no new
@@ -287,8 +282,8 @@ impl Control {
     /// each worker's connection and applied plan.
     pub fn plan_json(&self) -> serde_json::Value {
         let s = self.state.lock().unwrap();
-        let groups: Vec<_> = s
-            .plan
+        let plan = s.control.plan();
+        let groups: Vec<_> = plan
             .groups
             .iter()
             .map(|g| {
@@ -308,7 +303,7 @@ impl Control {
             .tiers
             .tiers()
             .iter()
-            .zip(&s.plan.tier_capacity_rps)
+            .zip(&plan.tier_capacity_rps)
             .map(|(t, c)| (t.name.clone(), json!(c)))
             .collect();
         let down: Vec<usize> = (0..s.usable.len()).filter(|&g| !s.usable[g]).collect();
@@ -328,12 +323,12 @@ impl Control {
             })
             .collect();
         json!({
-            "plan_id": s.plan_id,
-            "num_gpus": s.plan.num_gpus,
+            "plan_id": s.control.plan_id(),
+            "num_gpus": plan.num_gpus,
             "groups": groups,
             "tier_capacity_rps": caps,
             "gpus_down": down,
-            "planner_note": s.planner_note,
+            "planner_note": s.control.planner_note(),
             "workers": workers,
         })
     }
@@ -341,8 +336,9 @@ impl Control {
     /// TP size of each GPU's group, 0 for GPUs in none (`/metrics`).
     pub fn tp_per_gpu(&self) -> Vec<u32> {
         let s = self.state.lock().unwrap();
-        let mut out = vec![0; s.plan.num_gpus as usize];
-        for g in &s.plan.groups {
+        let plan = s.control.plan();
+        let mut out = vec![0; plan.num_gpus as usize];
+        for g in &plan.groups {
             for gpu in g.gpus() {
                 out[gpu as usize] = g.tp;
             }
@@ -431,73 +427,39 @@ impl Control {
         }
     }
 
-    /// A new planner over the usable GPUs (after a health change).
-    fn rebuild_planner(&self, s: &mut State) {
-        s.planned_up = s.usable.clone();
-        let down: Vec<usize> = (0..s.usable.len()).filter(|&g| !s.usable[g]).collect();
-        s.planner = None;
-        s.planner_note = None;
-        match LiveView::new(&self.node_sizes, &s.usable) {
-            None => s.planner_note = Some("no GPU is up (workers disconnected or their devices dead)".into()),
-            Some(view) => match Planner::new(
-                self.profile.clone(),
-                self.tiers.clone(),
-                view.cluster.clone(),
-                self.planner_config.clone(),
-            ) {
-                Ok(p) => s.planner = Some((p, view)),
-                Err(e) => s.planner_note = Some(format!("cannot plan over the live GPUs (down: {down:?}): {e}")),
-            },
-        }
-        if let Some(note) = &s.planner_note {
-            log::warn!("{note}");
-        } else {
-            log::info!("GPUs down: {down:?}; planning over the others");
-        }
-    }
-
-    /// Commits `plan` (global numbering) as a new plan id.
-    fn commit(&self, s: &mut State, plan: Plan) {
-        s.dispatcher.set_plan(&self.tiers, &plan);
-        s.plan = plan;
-        s.plan_id += 1;
-        self.metrics.plan_changes.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// One control window: poll health, re-plan (over the live GPUs), and
-    /// send the current plan to each worker that does not run it yet.
+    /// One control window: poll health, let the core plan (over the live
+    /// GPUs), and send the current plan to each worker that does not run it.
     pub async fn step(&self) {
         let replies = self.poll().await;
         let (plan_id, per_worker, targets) = {
             let mut s = self.state.lock().unwrap();
-            let now = Instant::now();
-            self.update_health(&mut s, &replies, now);
-            let rebuilt = s.usable != s.planned_up;
-            if rebuilt {
-                self.rebuild_planner(&mut s);
+            self.update_health(&mut s, &replies, Instant::now());
+            if s.usable != s.planned_up {
+                s.planned_up = s.usable.clone();
+                let up = s.usable.clone();
+                s.control.set_up(&up);
+                let down: Vec<usize> = (0..up.len()).filter(|&g| !up[g]).collect();
+                match s.control.planner_note() {
+                    Some(note) => log::warn!("{note}"),
+                    None => log::info!("GPUs down: {down:?}; planning over the others"),
+                }
             }
-            let stats = s.observer.snapshot(self.start.elapsed().as_secs_f64());
-            let outcome = match &mut s.planner {
-                Some((planner, view)) => match planner.step(&stats) {
-                    Ok(o) => Some((o.changed || rebuilt, view.to_physical_plan(o.plan, self.num_gpus))),
-                    Err(e) => {
-                        log::warn!("planner step failed: {e}");
-                        None
-                    }
-                },
-                None => rebuilt.then(|| (true, no_groups(self.num_gpus, self.tiers.len()))),
-            };
-            if let Some((true, plan)) = outcome {
-                self.commit(&mut s, plan);
+            let before = s.control.plan_id();
+            let now = self.now_s();
+            if let Err(e) = s.control.window(now, None) {
+                log::warn!("planner step failed: {e}");
             }
-            let plan_id = s.plan_id;
+            if s.control.plan_id() != before {
+                self.metrics.plan_changes.fetch_add(1, Ordering::Relaxed);
+            }
+            let plan_id = s.control.plan_id();
             let targets: Vec<usize> = (0..self.workers.len())
                 .filter(|&w| {
                     let wp = s.workers[w];
                     wp.connected && wp.applied != Some(plan_id) && wp.rejected != Some(plan_id)
                 })
                 .collect();
-            (plan_id, self.device_plans(&s.plan), targets)
+            (plan_id, self.device_plans(s.control.plan()), targets)
         };
         self.send_plan(plan_id, per_worker, &targets).await;
     }

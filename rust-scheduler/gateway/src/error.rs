@@ -22,6 +22,10 @@ pub enum ApiError {
     RateLimited { tier: String, reason: String, retry_after_s: u64 },
     #[error("no worker capacity: {0}")]
     NoCapacity(String),
+    /// Shed: the tier's planned capacity cannot serve it within its SLO
+    /// now (it would only delay requests that still can).
+    #[error("overloaded: {message}")]
+    Overloaded { message: String, retry_after_s: u64 },
     #[error("worker timeout: {0}")]
     Timeout(String),
     #[error("worker failed: {0}")]
@@ -45,7 +49,7 @@ impl ApiError {
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoCapacity(_) | ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Worker(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -61,6 +65,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::RateLimited { .. } => ("requests", Some("rate_limit_exceeded")),
             ApiError::NoCapacity(_) => ("server_error", Some("no_capacity")),
+            ApiError::Overloaded { .. } => ("server_error", Some("overloaded")),
             ApiError::Timeout(_) => ("server_error", Some("timeout")),
             ApiError::Worker(_) => ("server_error", Some("worker_error")),
             ApiError::Internal(_) => ("server_error", None),
@@ -96,6 +101,10 @@ impl From<WorkerError> for ApiError {
                 param: None,
             },
             WorkerError::Rejected { ref code, .. } if code == crate::protocol::codes::OVERLOADED => ApiError::NoCapacity(e.to_string()),
+            WorkerError::Rejected { ref code, .. } if code == crate::protocol::codes::SLO_UNATTAINABLE => ApiError::Overloaded {
+                message: e.to_string(),
+                retry_after_s: 1,
+            },
             _ => ApiError::Worker(e.to_string()),
         }
     }
@@ -104,7 +113,7 @@ impl From<WorkerError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();
-        if let ApiError::RateLimited { retry_after_s, .. } = self {
+        if let ApiError::RateLimited { retry_after_s, .. } | ApiError::Overloaded { retry_after_s, .. } = self {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s.max(1)));
         }

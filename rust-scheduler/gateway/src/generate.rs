@@ -84,9 +84,10 @@ impl Running {
             sampling: s.sampling,
             class: "feasible",
             group: None,
+            start_within_s: None,
         };
         let mut tried = Vec::new();
-        let (worker, group, rx) = submit(&control, &request, s.tier, &mut tried, max_attempts)?;
+        let (worker, group, rx) = submit(&control, &request, s.tier, s.arrival, &mut tried, max_attempts)?;
         Ok(Self {
             control,
             codec,
@@ -141,7 +142,14 @@ impl Running {
                     report(&self.control, self.group, &e);
                     self.control.complete(self.request.id);
                     self.control.metrics.redispatches.fetch_add(1, Ordering::Relaxed);
-                    let (w, group, rx) = submit(&self.control, &self.request, self.tier, &mut self.tried, self.max_attempts)?;
+                    let (w, group, rx) = submit(
+                        &self.control,
+                        &self.request,
+                        self.tier,
+                        self.arrival,
+                        &mut self.tried,
+                        self.max_attempts,
+                    )?;
                     self.worker = w;
                     self.group = group;
                     self.rx = rx;
@@ -158,6 +166,7 @@ impl Running {
                 } => {
                     if !tokens.is_empty() && self.first_token.is_none() {
                         self.first_token = Some(Instant::now());
+                        self.control.first_token(self.request.id);
                     }
                     self.tokens.extend_from_slice(&tokens);
                     if !finished && !decode_each && self.stop.is_empty() {
@@ -272,16 +281,20 @@ fn submit(
     control: &Arc<Control>,
     request: &Submit,
     tier: TierId,
+    arrival: Instant,
     tried: &mut Vec<GroupKey>,
     max_attempts: u32,
 ) -> Result<(Arc<dyn WorkerClient>, GroupKey, TokenStream), ApiError> {
     loop {
-        let p = control.place(request.id, tier, request.input_ids.len() as u32, tried)?;
+        let prompt = request.input_ids.len() as u32;
+        let first = tried.is_empty();
+        let p = control.place(request.id, tier, prompt, request.sampling.max_tokens, tried, first)?;
         tried.push(p.key);
         let worker = control.workers[p.worker].clone();
         let mut r = request.clone();
         r.class = p.class;
         r.group = p.group;
+        r.start_within_s = control.start_within_s(tier, arrival);
         match worker.submit(r) {
             Ok(rx) => return Ok((worker, p.key, rx)),
             Err(e) => {

@@ -9,7 +9,6 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod generate;
-pub mod live;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;

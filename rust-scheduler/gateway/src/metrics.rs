@@ -45,6 +45,8 @@ pub struct TierMetrics {
     pub arrivals: AtomicU64,
     pub completions: AtomicU64,
     pub errors: AtomicU64,
+    /// Requests shed by the control loop (over the tier's SLO capacity).
+    pub shed: AtomicU64,
     /// Completions that met the tier's TTFT and TPOT (all, for background).
     pub goodput: AtomicU64,
     pub ttft: Histogram,
@@ -74,10 +76,15 @@ impl Metrics {
     /// `gpu_up` come from the caller's live state.
     pub fn render(&self, queue_depth: &[u32], tp_per_gpu: &[u32], gpu_up: &[bool]) -> String {
         let mut out = String::with_capacity(8192);
-        let counters: [(&str, &str, Counter); 4] = [
+        let counters: [(&str, &str, Counter); 5] = [
             ("tiertp_arrivals_total", "Requests received per tier.", |m| &m.arrivals),
             ("tiertp_completions_total", "Requests completed per tier.", |m| &m.completions),
             ("tiertp_errors_total", "Requests failed per tier.", |m| &m.errors),
+            (
+                "tiertp_shed_total",
+                "Requests shed per tier: over its SLO capacity (503 with Retry-After).",
+                |m| &m.shed,
+            ),
             ("tiertp_goodput_total", "Completions within the tier's SLOs.", |m| &m.goodput),
         ];
         for (name, help, get) in counters {

@@ -36,6 +36,11 @@ pub enum ClientMsg {
         class: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         group: Option<(u32, u32)>,
+        /// Seconds from its arrival at the agent by which the request must
+        /// start prefilling to meet its TTFT (none: no deadline); past it
+        /// the worker sheds it (`slo_unattainable`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start_within_s: Option<f64>,
     },
     Cancel {
         id: u64,
@@ -131,6 +136,8 @@ pub mod codes {
     pub const CANCELLED: &str = "cancelled";
     pub const BAD_REQUEST: &str = "bad_request";
     pub const OVERLOADED: &str = "overloaded";
+    /// Shed by the worker: it could not start before its TTFT deadline.
+    pub const SLO_UNATTAINABLE: &str = "slo_unattainable";
     pub const INTERNAL: &str = "internal";
 }
 
@@ -169,6 +176,7 @@ mod tests {
             },
             class: "feasible".into(),
             group: Some((0, 1)),
+            start_within_s: Some(0.25),
         };
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
         for m in [

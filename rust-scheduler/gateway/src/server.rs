@@ -88,7 +88,6 @@ async fn generate(app: Arc<App>, headers: HeaderMap, body: Bytes, endpoint: Endp
     let max_tokens = req.max_tokens.unwrap_or(app.default_max_tokens);
     app.control.metrics.tiers[tier].arrivals.fetch_add(1, Ordering::Relaxed);
     let permit = app.admission.admit(tier)?;
-    app.control.observe(tier, input_ids.len() as u32, max_tokens);
     let sampling = Sampling {
         max_tokens,
         temperature: req.temperature,
@@ -281,8 +280,6 @@ pub async fn run_gateway_with(config: GatewayConfig, workers: Vec<Arc<dyn Worker
     let control_config = ControlConfig {
         planner: config.planner.clone(),
         window: config.window,
-        horizon: config.horizon,
-        memory: config.memory,
         stats_timeout: config.stats_timeout,
     };
     let control = Arc::new(

@@ -44,6 +44,8 @@ pub enum Outcome {
     Finished(u32),
     /// Prompt done on a prefill group: the request needs a decode group.
     PrefillDone(u32),
+    /// Prompt done on a group that keeps decoding it.
+    FirstToken(u32),
 }
 
 #[derive(Debug)]
@@ -114,8 +116,17 @@ impl GroupSim {
 
     /// Plans and times the next iteration at `now`; None if there is
     /// nothing to do.
-    pub fn start_iteration(&mut self, now: f64, profile: &Profile, reqs: &[TraceRequest], progress: &[Progress]) -> Option<f64> {
-        self.queue.demote_expired(now);
+    /// Removes the queued requests whose deadline passed (to be shed).
+    pub fn take_expired(&mut self, now: f64, reqs: &[TraceRequest], progress: &[Progress]) -> Vec<u32> {
+        let expired = self.queue.take_expired(now);
+        for &id in &expired {
+            let (r, p) = (&reqs[id as usize], &progress[id as usize]);
+            self.queued_tokens -= u64::from(r.prompt_tokens - p.prefilled);
+        }
+        expired.into_iter().map(|id| id as u32).collect()
+    }
+
+    pub fn start_iteration(&mut self, _now: f64, profile: &Profile, reqs: &[TraceRequest], progress: &[Progress]) -> Option<f64> {
         let mut budget = if self.spec.role == Role::Decode {
             0
         } else {
@@ -205,14 +216,15 @@ impl GroupSim {
                     out.push(Outcome::Finished(i));
                 } else if self.spec.role == Role::Prefill {
                     out.push(Outcome::PrefillDone(i));
+                } else {
+                    out.push(Outcome::FirstToken(i));
                 }
             }
         }
         for o in &out {
-            let i = match *o {
-                Outcome::Finished(i) | Outcome::PrefillDone(i) => i,
-            };
-            self.release(i, reqs);
+            if let Outcome::Finished(i) | Outcome::PrefillDone(i) = *o {
+                self.release(i, reqs);
+            }
         }
         self.decode_now.clear();
         self.prefill_now.clear();

@@ -1,5 +1,8 @@
 //! Simulation settings; each default is written once, here.
 
+use tiertp_scheduler::profile::Profile;
+use tiertp_scheduler::switch_cost::SwitchCost;
+
 /// Cluster and mechanism parameters of one simulation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimSettings {
@@ -9,10 +12,13 @@ pub struct SimSettings {
     pub window_s: f64,
     /// How long a tier's past arrival rate keeps counting as demand.
     pub demand_memory_s: f64,
-    /// Stop time of a TP switch (pause → resume), without KV movement.
-    pub switch_ms: f64,
-    /// Bandwidth for KV hand-off and migration between groups, GB/s.
-    pub kv_gbps: f64,
+    /// Stop time of a TP switch (pause → resume), without KV movement;
+    /// `None`: the measured mechanism of the profile's device
+    /// (`SwitchCost::for_profile`).
+    pub switch_ms: Option<f64>,
+    /// Bandwidth for KV hand-off and migration between groups, GB/s;
+    /// `None`: as `switch_ms`.
+    pub kv_gbps: Option<f64>,
     /// Static TP level for policies that use one; None = policy default.
     pub tp: Option<u32>,
     /// sglang-pd: fraction of GPUs doing prefill; None = policy default.
@@ -23,18 +29,24 @@ pub struct SimSettings {
 pub const NAIVE_SWITCH_MS: f64 = 20_000.0;
 
 impl SimSettings {
+    /// The switch and KV-transfer cost this run models: the profile
+    /// device's measured mechanism, with any setting given overriding it.
+    pub fn switch_cost(&self, profile: &Profile) -> SwitchCost {
+        let measured = SwitchCost::for_profile(profile);
+        SwitchCost {
+            stop_ms: self.switch_ms.unwrap_or(measured.stop_ms),
+            kv_gbps: self.kv_gbps.unwrap_or(measured.kv_gbps),
+        }
+    }
+
     pub fn new(gpus: u32) -> Self {
         Self {
             gpus,
             gpus_per_node: 8,
             window_s: 1.0,
             demand_memory_s: 30.0,
-            // The target of the switching mechanism (issue 6: <= 15 ms stop
-            // time with no KV); KV movement is added as bytes / kv_gbps.
-            switch_ms: 15.0,
-            // Staging-buffer migration over NVLink-class links, well below
-            // the link peak.
-            kv_gbps: 25.0,
+            switch_ms: None,
+            kv_gbps: None,
             tp: None,
             prefill_share: None,
         }
@@ -46,15 +58,17 @@ impl SimSettings {
         }
         for (name, v) in [
             ("window_s", self.window_s),
-            ("kv_gbps", self.kv_gbps),
+            ("kv_gbps", self.kv_gbps.unwrap_or(1.0)),
             ("demand_memory_s", self.demand_memory_s),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{name} = {v}: must be a finite number > 0"));
             }
         }
-        if !(self.switch_ms.is_finite() && self.switch_ms >= 0.0) {
-            return Err(format!("switch_ms = {}: must be a finite number >= 0", self.switch_ms));
+        if let Some(ms) = self.switch_ms {
+            if !(ms.is_finite() && ms >= 0.0) {
+                return Err(format!("switch_ms = {ms}: must be a finite number >= 0"));
+            }
         }
         if let Some(tp) = self.tp {
             if !tp.is_power_of_two() || tp > self.gpus_per_node.min(8) || tp > self.gpus {

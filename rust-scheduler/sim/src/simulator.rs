@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 use thiserror::Error;
+use tiertp_scheduler::control::ControlConfig;
 use tiertp_scheduler::dispatcher::DispatchClass;
 use tiertp_scheduler::profile::Profile;
 use tiertp_scheduler::stats::{ArrivalObserver, TierStats};
@@ -82,6 +83,7 @@ struct Sim<'a> {
     migrated: u64,
     remaining: usize,
     bytes_per_token: f64,
+    kv_gbps: f64,
     deadline_aware: bool,
 }
 
@@ -111,10 +113,18 @@ pub fn simulate(
         policy: policy_name.into(),
         reason,
     })?;
-    let prior = TierStats::new(0.0, 1024.0, 128.0);
+    // The baselines' view of demand: the production loop's observer
+    // settings (tiertp's own loop keeps its own).
+    let defaults = ControlConfig::default();
     let mut sim = Sim {
-        observer: ArrivalObserver::new(tiers.len(), 2.0 * settings.window_s, settings.demand_memory_s, prior),
+        observer: ArrivalObserver::new(
+            tiers.len(),
+            defaults.horizon_windows * settings.window_s,
+            settings.demand_memory_s,
+            defaults.prior(),
+        ),
         bytes_per_token: profile.kv_bytes_per_token.unwrap_or(0) as f64,
+        kv_gbps: settings.switch_cost(&profile).kv_gbps,
         ctx,
         policy,
         progress: vec![Progress::default(); reqs.len()],
@@ -169,6 +179,7 @@ pub fn simulate(
                 for (i, target) in sim.policy.rebalance(&sim.ctx, &sim.groups, &sim.progress) {
                     sim.live_migrate(i, target);
                 }
+                sim.released();
                 if sim.remaining > 0 {
                     sim.push(sim.now + settings.window_s, Ev::Window);
                 }
@@ -283,13 +294,13 @@ impl Sim<'_> {
 
     /// Seconds to move `tokens` of KV between groups.
     fn transfer_s(&self, tokens: u64) -> f64 {
-        tokens as f64 * self.bytes_per_token / (self.ctx.settings.kv_gbps * 1e9)
+        tokens as f64 * self.bytes_per_token / (self.kv_gbps * 1e9)
     }
 
     fn arrive(&mut self, i: u32) {
         let r = self.ctx.reqs[i as usize];
         self.observer.record(r.tier, r.arrival_s, r.prompt_tokens, r.output_tokens);
-        let route = self.policy.route(&self.ctx, i, &self.groups);
+        let route = self.policy.route(&self.ctx, i, self.now, &self.groups);
         self.place(i, route, 0.0);
     }
 
@@ -298,6 +309,7 @@ impl Sim<'_> {
     fn place(&mut self, i: u32, route: Route, delay_s: f64) {
         match route {
             Route::Reject => self.reject(i),
+            Route::Wait => {}
             Route::To(key, class) => {
                 if delay_s > 0.0 {
                     self.push(self.now + delay_s, Ev::Deliver(i, key, class));
@@ -313,7 +325,19 @@ impl Sim<'_> {
         if !p.done() {
             p.rejected = true;
             self.remaining -= 1;
-            self.policy.on_finish(i);
+            self.policy.on_finish(i, self.now);
+        }
+    }
+
+    /// Places what the policy let go of (granted hand-offs, sheds).
+    fn released(&mut self) {
+        for (i, route) in self.policy.take_released(self.now) {
+            let p = self.progress[i as usize];
+            let delay = match route {
+                Route::To(..) => self.transfer_s(u64::from(p.prefilled) + u64::from(p.generated)),
+                _ => 0.0,
+            };
+            self.place(i, route, delay);
         }
     }
 
@@ -321,7 +345,7 @@ impl Sim<'_> {
         let Some(&g) = self.by_key.get(&key) else {
             // The target stopped while the KV was in flight: route again.
             let prefilled = self.progress[i as usize].prefilled == self.ctx.reqs[i as usize].prompt_tokens;
-            let route = self.policy.route_migrated(&self.ctx, i, prefilled, &self.groups);
+            let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
             return self.place(i, route, 0.0);
         };
         if kv_reservation(&self.ctx.reqs[i as usize]) > self.groups[g].kv_capacity {
@@ -330,10 +354,10 @@ impl Sim<'_> {
         // A request not yet started must begin prefill before its TTFT runs
         // out (less the prefill itself, which the batch policy cannot know);
         // the engine demotes it to best effort after that.
-        let r = &self.ctx.reqs[i as usize];
-        let deadline = match self.ctx.tiers.tiers()[r.tier].ttft_ms {
-            Some(ttft) if self.deadline_aware && self.progress[i as usize].prefilled == 0 => r.arrival_s + ttft / 1e3,
-            _ => f64::INFINITY,
+        let deadline = if self.deadline_aware && self.progress[i as usize].prefilled == 0 {
+            self.policy.deadline(&self.ctx, i)
+        } else {
+            f64::INFINITY
         };
         self.groups[g].enqueue(i, class, deadline, self.ctx.reqs, &self.progress);
         self.kick(g);
@@ -352,6 +376,15 @@ impl Sim<'_> {
             }
             return;
         }
+        if self.deadline_aware {
+            // Queued past its TTFT deadline: it can no longer count, so it
+            // must not take a batch slot (the batch policy's rule).
+            let expired = grp.take_expired(self.now, self.ctx.reqs, &self.progress);
+            for i in expired {
+                self.reject(i);
+            }
+        }
+        let grp = &mut self.groups[g];
         if let Some(ms) = grp.start_iteration(self.now, self.ctx.profile, self.ctx.reqs, &self.progress) {
             grp.busy = true;
             grp.iteration_start = self.now;
@@ -370,9 +403,10 @@ impl Sim<'_> {
             match o {
                 Outcome::Finished(i) => {
                     self.remaining -= 1;
-                    self.policy.on_finish(i);
+                    self.policy.on_finish(i, self.now);
                 }
-                Outcome::PrefillDone(i) => match self.policy.route_decode(&self.ctx, i, &self.groups) {
+                Outcome::FirstToken(i) => self.policy.on_first_token(i, self.now),
+                Outcome::PrefillDone(i) => match self.policy.route_decode(&self.ctx, i, self.now, &self.groups) {
                     None => self.groups[g].keep_decoding(i, self.ctx.reqs),
                     Some(route) => {
                         let delay = self.transfer_s(u64::from(self.ctx.reqs[i as usize].prompt_tokens));
@@ -381,6 +415,8 @@ impl Sim<'_> {
                 },
             }
         }
+        self.released();
+        let Some(&g) = self.by_id.get(&gid) else { return };
         if self.groups[g].retiring {
             return self.retire(g);
         }
@@ -396,14 +432,14 @@ impl Sim<'_> {
         self.reindex();
         for (i, _) in queued {
             let prefilled = self.progress[i as usize].prefilled == self.ctx.reqs[i as usize].prompt_tokens;
-            let route = self.policy.route_migrated(&self.ctx, i, prefilled, &self.groups);
+            let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
             self.place(i, route, 0.0);
         }
         for i in running {
             self.migrated += 1;
             let p = self.progress[i as usize];
             let prefilled = p.prefilled == self.ctx.reqs[i as usize].prompt_tokens;
-            let route = self.policy.route_migrated(&self.ctx, i, prefilled, &self.groups);
+            let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
             let tokens = u64::from(p.prefilled) + u64::from(p.generated);
             let delay = self.transfer_s(tokens);
             self.place(i, route, delay);
@@ -430,11 +466,7 @@ impl Sim<'_> {
     /// others stop at their next iteration boundary, and new groups start
     /// after the switch time once the GPUs they need are free.
     fn apply(&mut self, specs: Vec<GroupSpec>, initial: bool) {
-        let switch_s = if initial {
-            0.0
-        } else {
-            self.policy.switch_ms(self.ctx.settings) / 1e3
-        };
+        let switch_s = if initial { 0.0 } else { self.policy.switch_ms(&self.ctx) / 1e3 };
         let mut keep = vec![false; self.groups.len()];
         let mut fresh = Vec::new();
         for spec in &specs {

@@ -32,25 +32,24 @@ fn plan(groups: Vec<GroupPlan>) -> Plan {
 }
 
 #[test]
-fn feasible_goes_to_least_loaded_then_spills_round_robin() {
+fn feasible_goes_to_least_loaded_and_over_budget_is_refused() {
     let p = plan(vec![
         group(0, Role::Colocated, 0, 100),
         group(0, Role::Colocated, 1, 100),
         group(1, Role::Colocated, 2, 100),
     ]);
     let mut d = Dispatcher::new(&tiers(), &p);
-    let a = d.dispatch(1, 0, 60).unwrap();
-    let b = d.dispatch(2, 0, 60).unwrap();
+    let a = d.dispatch(1, 0, 60, true).unwrap();
+    let b = d.dispatch(2, 0, 60, true).unwrap();
     assert_eq!((a.group_first_gpu, a.class), (0, DispatchClass::Feasible));
     assert_eq!((b.group_first_gpu, b.class), (1, DispatchClass::Feasible));
-    // Both chat groups have 40 left: a 50-token prompt spills, round robin.
-    let c = d.dispatch(3, 0, 50).unwrap();
-    let e = d.dispatch(4, 0, 50).unwrap();
-    assert_eq!((c.class, e.class), (DispatchClass::BestEffort, DispatchClass::BestEffort));
-    assert_ne!(c.group_first_gpu, e.group_first_gpu);
+    // Both chat groups have 40 left: a 50-token prompt fits neither, and
+    // never goes to the background tier's group.
+    assert_eq!(d.dispatch(3, 0, 50, true), Err(DispatchError::OverBudget { tier: 0 }));
+    assert!(!d.is_in_flight(3));
     assert_eq!(d.complete(1), Ok(60));
     assert_eq!(
-        d.dispatch(5, 0, 50).unwrap(),
+        d.dispatch(5, 0, 50, true).unwrap(),
         Decision {
             group_first_gpu: 0,
             tp: 1,
@@ -64,10 +63,26 @@ fn feasible_goes_to_least_loaded_then_spills_round_robin() {
 fn an_idle_group_takes_a_prompt_larger_than_its_budget() {
     let p = plan(vec![group(0, Role::Colocated, 0, 100), group(0, Role::Colocated, 1, 0)]);
     let mut d = Dispatcher::new(&tiers(), &p);
-    let big = d.dispatch(1, 0, 500).unwrap();
+    let big = d.dispatch(1, 0, 500, true).unwrap();
     assert_eq!((big.group_first_gpu, big.class), (0, DispatchClass::Feasible));
-    // Now busy: the next one spills; the zero-budget group is never feasible.
-    assert_eq!(d.dispatch(2, 0, 10).unwrap().class, DispatchClass::BestEffort);
+    // The zero-budget group is idle, so it takes one; then it is full.
+    assert_eq!(d.dispatch(2, 0, 10, true).unwrap().group_first_gpu, 1);
+    assert!(d.dispatch(3, 0, 10, true).is_err());
+}
+
+#[test]
+fn slots_are_a_hard_cap_and_prompt_tokens_return_at_the_first_token() {
+    let mut g = group(0, Role::Colocated, 0, 1000);
+    g.batch_cap = 2;
+    let mut d = Dispatcher::new(&tiers(), &plan(vec![g]));
+    d.dispatch(1, 0, 100, true).unwrap();
+    d.dispatch(2, 0, 100, true).unwrap();
+    assert_eq!(d.load_of((0, 1)), Load { tokens: 200, slots: 2 });
+    assert_eq!(d.dispatch(3, 0, 1, true), Err(DispatchError::OverBudget { tier: 0 }));
+    assert_eq!(d.prefill_done(1), Ok(false));
+    assert_eq!(d.load_of((0, 1)), Load { tokens: 100, slots: 2 });
+    assert_eq!(d.complete(1), Ok(0));
+    assert!(d.dispatch(3, 0, 1, true).is_ok());
 }
 
 #[test]
@@ -78,33 +93,71 @@ fn background_round_robins_over_background_groups() {
         group(1, Role::Colocated, 2, 100),
     ]);
     let mut d = Dispatcher::new(&tiers(), &p);
-    let gpus: Vec<u32> = (0..4).map(|i| d.dispatch(i, 1, 10).unwrap().group_first_gpu).collect();
+    let gpus: Vec<u32> = (0..4).map(|i| d.dispatch(i, 1, 10, true).unwrap().group_first_gpu).collect();
     assert_eq!(gpus, vec![1, 2, 1, 2]);
+}
+
+#[test]
+fn background_without_own_groups_takes_only_room_to_spare() {
+    let mut g = group(0, Role::Colocated, 0, 100);
+    g.batch_cap = 1;
+    let mut d = Dispatcher::new(&tiers(), &plan(vec![g]));
+    assert_eq!(d.dispatch(1, 1, 10, true).unwrap().class, DispatchClass::Background);
+    assert_eq!(d.dispatch(2, 1, 10, true), Err(DispatchError::OverBudget { tier: 1 }));
 }
 
 #[test]
 fn errors_are_typed() {
     let p = plan(vec![group(0, Role::Colocated, 0, 100)]);
     let mut d = Dispatcher::new(&tiers(), &p);
-    assert_eq!(d.dispatch(1, 7, 10), Err(DispatchError::UnknownTier { tier: 7, num_tiers: 2 }));
-    d.dispatch(1, 0, 10).unwrap();
-    assert_eq!(d.dispatch(1, 0, 10), Err(DispatchError::Duplicate(1)));
+    assert_eq!(
+        d.dispatch(1, 7, 10, true),
+        Err(DispatchError::UnknownTier { tier: 7, num_tiers: 2 })
+    );
+    d.dispatch(1, 0, 10, true).unwrap();
+    assert_eq!(d.dispatch(1, 0, 10, true), Err(DispatchError::Duplicate(1)));
     assert_eq!(d.complete(9), Err(DispatchError::UnknownRequest(9)));
     let mut empty = Dispatcher::new(&tiers(), &plan(vec![]));
-    assert!(matches!(empty.dispatch(1, 0, 10), Err(DispatchError::NoCapacity(_))));
+    assert!(matches!(empty.dispatch(1, 0, 10, true), Err(DispatchError::NoCapacity(_))));
 }
 
 #[test]
-fn decode_handoff_returns_the_prefill_charge() {
-    let p = plan(vec![group(0, Role::Prefill, 0, 1000), group(0, Role::Decode, 1, 2)]);
+fn a_tier_without_a_live_group_fails_over_to_room_elsewhere() {
+    let p = plan(vec![group(1, Role::Colocated, 0, 100)]);
     let mut d = Dispatcher::new(&tiers(), &p);
-    d.dispatch(1, 0, 300).unwrap();
-    assert_eq!(d.load_of((0, 1)), 300);
-    let dec = d.dispatch_decode(1, 0).unwrap();
-    assert_eq!((dec.group_first_gpu, dec.charge), (1, 1));
-    assert_eq!(d.load_of((0, 1)), 0);
-    assert_eq!(d.complete(1), Ok(1));
-    assert_eq!(d.total_load(), 0);
+    let moved = d.dispatch(1, 0, 60, true).unwrap();
+    assert_eq!((moved.group_first_gpu, moved.class), (0, DispatchClass::BestEffort));
+    // Only with room: the background group is now at its budget.
+    assert!(matches!(d.dispatch(2, 0, 60, true), Err(DispatchError::NoCapacity(_))));
+    assert!(matches!(
+        d.dispatch_avoiding(3, 0, 1, true, &[(0, 1)]),
+        Err(DispatchError::NoCapacity(_))
+    ));
+}
+
+#[test]
+fn decode_handoff_moves_the_request_to_a_free_slot() {
+    let mut dec = group(0, Role::Decode, 1, 0);
+    dec.batch_cap = 1;
+    let p = plan(vec![group(0, Role::Prefill, 0, 1000), dec]);
+    let mut d = Dispatcher::new(&tiers(), &p);
+    d.dispatch(1, 0, 300, true).unwrap();
+    d.dispatch(2, 0, 300, true).unwrap();
+    // Prefill groups hold prompt tokens, no slots.
+    assert_eq!(d.load_of((0, 1)), Load { tokens: 600, slots: 0 });
+    // Without its prefill-only groups the tier has nothing.
+    assert!(d.dispatch(3, 0, 10, false).is_err());
+    assert_eq!(d.prefill_done(1), Ok(true));
+    let moved = d.dispatch_decode(1, false).unwrap().unwrap();
+    assert_eq!((moved.group_first_gpu, moved.charge), (1, 0));
+    assert_eq!(d.load_of((1, 1)), Load { tokens: 0, slots: 1 });
+    d.prefill_done(2).unwrap();
+    assert_eq!(d.dispatch_decode(2, false), Ok(None), "the decode group is full");
+    assert_eq!(d.group_of(2), Some((0, 1)));
+    assert_eq!(d.complete(1), Ok(0));
+    assert!(d.dispatch_decode(2, false).unwrap().is_some());
+    d.complete(2).unwrap();
+    assert!(d.total_load().is_zero());
 }
 
 #[test]
@@ -113,16 +166,16 @@ fn plan_change_keeps_charges_exact() {
         &tiers(),
         &plan(vec![group(0, Role::Colocated, 0, 100), group(0, Role::Colocated, 1, 100)]),
     );
-    d.dispatch(1, 0, 30).unwrap();
-    d.dispatch(2, 0, 40).unwrap();
+    d.dispatch(1, 0, 30, true).unwrap();
+    d.dispatch(2, 0, 40, true).unwrap();
     // GPU 1 leaves the plan; GPU 0 stays.
     d.set_plan(
         &tiers(),
         &plan(vec![group(0, Role::Colocated, 0, 100), group(1, Role::Colocated, 2, 100)]),
     );
-    assert_eq!(d.total_load(), 70);
+    assert_eq!(d.total_load(), Load { tokens: 70, slots: 2 });
     assert_eq!(d.complete(2), Ok(40));
     assert_eq!(d.complete(1), Ok(30));
-    assert_eq!(d.total_load(), 0);
-    assert_eq!(d.load_of((1, 1)), 0);
+    assert!(d.total_load().is_zero());
+    assert!(d.load_of((1, 1)).is_zero());
 }

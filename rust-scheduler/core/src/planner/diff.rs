@@ -1,4 +1,4 @@
-//! Comparing plans: the objective, the hysteresis rule and per-GPU commands.
+//! Comparing plans: the objective and per-GPU commands.
 
 use crate::estimator::TierEstimate;
 use crate::plan::{GpuCommand, GroupPlan, Plan, Role};
@@ -26,11 +26,6 @@ pub fn objective(tiers: &[Tier], estimates: &[TierEstimate], plan: &Plan) -> f64
         .zip(&plan.tier_capacity_rps)
         .map(|((t, e), &cap)| t.weight * e.stats.arrival_rate.min(cap))
         .sum()
-}
-
-/// Move only when the proposal beats the current plan by the margin.
-pub fn worth_moving(current: f64, proposed: f64, hysteresis: f64) -> bool {
-    proposed > current * (1.0 + hysteresis) + 1e-9
 }
 
 /// Commands for every GPU whose (tier, role, TP group) differs from `old`.

@@ -63,6 +63,8 @@ struct State<'a> {
     alloc: Allocator,
     caps: Vec<Capacity>,
     chosen: Vec<Chosen>,
+    /// Factor on every tier's demand (a uniform surge; 1 = as observed).
+    scale: f64,
 }
 
 impl<'a> State<'a> {
@@ -77,7 +79,7 @@ impl<'a> State<'a> {
     }
 
     fn demand(&self, tier: usize) -> f64 {
-        self.input.estimates[tier].stats.arrival_rate
+        self.input.estimates[tier].stats.arrival_rate * self.scale
     }
 
     fn unmet(&self, tier: usize) -> f64 {
@@ -225,12 +227,70 @@ impl<'a> State<'a> {
 }
 
 /// Runs all phases. `alloc` starts empty (all GPUs free).
+///
+/// When the cluster covers the demand, the plan is made for the largest
+/// uniform surge of the observed mix that the cluster can still cover
+/// (every tier's demand scaled by the same factor), so the headroom is
+/// spread over tiers and stages in proportion and built from the groups
+/// that are efficient at that load (e.g. a TP2 decode group rather than two
+/// TP1 ones that only fit today's rate): bursts meet capacity, not a queue.
 pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
+    let base = assign_scaled(input, alloc.clone(), 1.0);
+    let must_cover = base.covered.clone();
+    // Only when the observed demand is covered: short of GPUs, the plan for
+    // today's demand is the one to run.
+    if base.gpus_used == 0 || must_cover.contains(&false) {
+        return base.chosen;
+    }
+    let covers = |o: &Outcome| must_cover.iter().zip(&o.covered).all(|(&must, &is)| !must || is);
+    // Double the surge while the cluster covers it, then bisect.
+    let (mut good, mut best) = (1.0, base);
+    let mut bad = None;
+    for _ in 0..SURGE_DOUBLINGS {
+        let tried = assign_scaled(input, alloc.clone(), good * 2.0);
+        if !covers(&tried) {
+            bad = Some(good * 2.0);
+            break;
+        }
+        good *= 2.0;
+        best = tried;
+    }
+    if let Some(mut bad) = bad {
+        for _ in 0..SURGE_BISECTIONS {
+            let mid = (good + bad) / 2.0;
+            let tried = assign_scaled(input, alloc.clone(), mid);
+            if covers(&tried) {
+                good = mid;
+                best = tried;
+            } else {
+                bad = mid;
+            }
+        }
+    }
+    best.chosen
+}
+
+/// The surge search: up to 2^6 = 64x the observed demand, then the
+/// largest covered scale to within (64/2^6)/2^4 of itself.
+const SURGE_DOUBLINGS: usize = 6;
+const SURGE_BISECTIONS: usize = 4;
+
+struct Outcome {
+    chosen: Vec<Chosen>,
+    /// GPUs the demand-driven phases used (before leftovers).
+    gpus_used: u32,
+    /// Per tier, whether its (scaled) demand is covered.
+    covered: Vec<bool>,
+}
+
+fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
+    let total = alloc.free_gpus();
     let mut s = State {
         input,
         alloc,
         caps: vec![Capacity::default(); input.tiers.len()],
         chosen: Vec::new(),
+        scale,
     };
     let moves = s.moves();
     let slo: Vec<usize> = (0..input.tiers.len()).filter(|&t| !input.tiers[t].background).collect();
@@ -249,8 +309,14 @@ pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
             0.0
         }
     });
+    let gpus_used = total - s.alloc.free_gpus();
+    let covered = (0..input.tiers.len()).map(|t| s.unmet(t) <= 1e-9).collect();
     phase3_leftovers(&mut s, &slo, &background, &moves);
-    s.chosen
+    Outcome {
+        chosen: s.chosen,
+        gpus_used,
+        covered,
+    }
 }
 
 fn phase0_one_group_each(s: &mut State, slo: &[usize], background: &[usize], moves: &[Move]) {
@@ -263,12 +329,14 @@ fn phase0_one_group_each(s: &mut State, slo: &[usize], background: &[usize], mov
         v
     };
     let order: Vec<usize> = by_load(slo).into_iter().chain(by_load(background)).collect();
-    // With fewer GPUs than tiers, only the first `served` tiers can get one;
-    // each tier holds back one GPU for every served tier after it.
-    let served = order.len().min(s.alloc.free_gpus() as usize);
+    // With too few GPUs for every tier's smallest group, only the first
+    // `served` tiers can get one; each tier holds back a smallest group's
+    // GPUs for every served tier after it.
+    let smallest_group = s.input.tp_levels[0];
+    let served = order.len().min((s.alloc.free_gpus() / smallest_group) as usize);
     for (pos, &t) in order.iter().enumerate() {
         let waiting_after = served.saturating_sub(pos + 1) as u32;
-        let budget = s.alloc.free_gpus().saturating_sub(waiting_after);
+        let budget = s.alloc.free_gpus().saturating_sub(waiting_after * smallest_group);
         let demand = s.demand(t);
         let mut best: Option<((f64, f64), Move)> = None;
         for &m in moves {

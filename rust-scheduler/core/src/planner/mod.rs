@@ -2,6 +2,7 @@
 //! GPU groups with the weighted greedy, and commit the result only if it
 //! beats the current plan by the hysteresis margin (DESIGN.md §1).
 
+mod commit;
 mod diff;
 mod greedy;
 mod placement;
@@ -14,6 +15,7 @@ use crate::estimator::{estimate_all, TierEstimate, TpEstimate};
 use crate::plan::{GpuCommand, GroupPlan, Plan, Role};
 use crate::profile::Profile;
 use crate::stats::TierStats;
+use crate::switch_cost::SwitchCost;
 use crate::tiers::{Tier, TierSet};
 use crate::topology::{Allocator, Cluster, MAX_GPUS_PER_NODE};
 
@@ -43,6 +45,12 @@ pub struct PlannerConfig {
     /// A new plan replaces the current one only if its weighted goodput is
     /// higher by this fraction, so GPUs do not flap on noise.
     pub hysteresis: f64,
+    /// How long a committed plan is expected to serve: the span over which
+    /// a proposal's gain must repay its switch cost (see `commit`).
+    pub commit_horizon_s: f64,
+    /// The switch mechanism's cost; `None`: the measured model of the
+    /// profile's device (`SwitchCost::for_profile`).
+    pub switch_cost: Option<SwitchCost>,
     pub fairness_weighting: bool,
     pub allow_colocated: bool,
     pub allow_disaggregated: bool,
@@ -56,6 +64,8 @@ impl Default for PlannerConfig {
         Self {
             tp_levels: vec![1, 2, 4, 8],
             hysteresis: 0.05,
+            commit_horizon_s: 10.0,
+            switch_cost: None,
             fairness_weighting: true,
             allow_colocated: true,
             allow_disaggregated: true,
@@ -94,6 +104,12 @@ impl Planner {
             return Err(PlanError::Config(format!(
                 "hysteresis = {}: must be a finite number >= 0",
                 config.hysteresis
+            )));
+        }
+        if !(config.commit_horizon_s.is_finite() && config.commit_horizon_s >= 0.0) {
+            return Err(PlanError::Config(format!(
+                "commit_horizon_s = {}: must be a finite number >= 0",
+                config.commit_horizon_s
             )));
         }
         if !(config.target_utilization > 0.0 && config.target_utilization <= 1.0) {
@@ -139,6 +155,15 @@ impl Planner {
 
     pub fn profile(&self) -> &Arc<Profile> {
         &self.profile
+    }
+
+    /// The switch cost the commit rule charges.
+    pub fn switch_cost(&self) -> SwitchCost {
+        self.config.switch_cost.unwrap_or_else(|| SwitchCost::for_profile(&self.profile))
+    }
+
+    pub fn config(&self) -> &PlannerConfig {
+        &self.config
     }
 
     /// TP levels in use: profile ∩ config ∩ node sizes.
@@ -201,10 +226,25 @@ impl Planner {
             (refreshed, obj)
         });
         let (plan, changed, current_objective) = match current {
-            Some((refreshed, cur_obj)) if !diff::worth_moving(cur_obj, proposed_objective, self.config.hysteresis) => {
-                (refreshed, false, Some(cur_obj))
+            Some((refreshed, cur_obj)) => {
+                let input = commit::CommitInput {
+                    tiers: self.tiers.tiers(),
+                    estimates: &estimates,
+                    current: &refreshed,
+                    proposal: &proposal,
+                    current_objective: cur_obj,
+                    proposed_objective,
+                    hysteresis: self.config.hysteresis,
+                    horizon_s: self.config.commit_horizon_s,
+                    switch_cost: self.switch_cost(),
+                    kv_bytes_per_token: self.profile.kv_bytes_per_token.unwrap_or(0) as f64,
+                };
+                if commit::worth_committing(&input) {
+                    (proposal, true, Some(cur_obj))
+                } else {
+                    (refreshed, false, Some(cur_obj))
+                }
             }
-            Some((_, cur_obj)) => (proposal, true, Some(cur_obj)),
             None => (proposal, true, None),
         };
         let commands = diff::commands(self.current.as_ref(), &plan);

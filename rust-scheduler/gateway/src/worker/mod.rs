@@ -58,6 +58,9 @@ pub struct Submit {
     pub sampling: Sampling,
     pub class: &'static str,
     pub group: Option<(u32, u32)>,
+    /// Seconds from now by which it must start prefilling (its TTFT
+    /// deadline); `None`: no deadline.
+    pub start_within_s: Option<f64>,
 }
 
 /// A node agent. `submit` and `cancel` only enqueue (they never wait on the

@@ -244,6 +244,7 @@ impl WorkerClient for ZmqWorker {
             sampling: r.sampling,
             class: r.class.to_string(),
             group: r.group,
+            start_within_s: r.start_within_s,
         };
         if let Err(e) = self.shared.send(&msg) {
             self.shared.pending.lock().unwrap().remove(&r.id);

@@ -97,7 +97,7 @@ impl Policy for Chiron {
         specs
     }
 
-    fn route(&mut self, ctx: &Ctx, i: u32, groups: &[GroupSim]) -> Route {
+    fn route(&mut self, ctx: &Ctx, i: u32, _now: f64, groups: &[GroupSim]) -> Route {
         let inter = self.interactive_tier[ctx.reqs[i as usize].tier];
         let pick = least_loaded(groups, |g| self.pool_of(g) == inter, |g| g.outstanding() as f64)
             .or_else(|| least_loaded(groups, |_| true, |g| g.outstanding() as f64));

@@ -63,7 +63,7 @@ impl Policy for Llumnix {
         replicas(ctx, self.tp)
     }
 
-    fn route(&mut self, ctx: &Ctx, i: u32, groups: &[GroupSim]) -> Route {
+    fn route(&mut self, ctx: &Ctx, i: u32, _now: f64, groups: &[GroupSim]) -> Route {
         let tier = ctx.reqs[i as usize].tier;
         let high = self.is_high(tier);
         let hp = &self.high_priority;

@@ -36,7 +36,11 @@ pub struct Ctx<'a> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Route {
     To((u32, u32), DispatchClass),
+    /// Shed: it counts as missed.
     Reject,
+    /// The policy holds it (waiting for a decode slot) and hands it back
+    /// through `take_released`.
+    Wait,
 }
 
 pub trait Policy {
@@ -45,16 +49,22 @@ pub trait Policy {
     /// The settings this run used (reported).
     fn describe(&self) -> Value;
 
-    /// Whether groups demote requests whose TTFT deadline passed behind
-    /// those that can still meet it (tiertp's batch policy); SLO-agnostic
-    /// baselines serve strictly FCFS.
+    /// Whether groups shed queued requests whose TTFT deadline passed
+    /// (the production batch policy's `take_expired`, with the deadline the
+    /// policy gives: `deadline`); SLO-agnostic baselines serve strictly FCFS.
     fn deadline_aware(&self) -> bool {
         false
     }
 
+    /// When a request must start prefilling to still meet its TTFT.
+    fn deadline(&self, ctx: &Ctx, i: u32) -> f64 {
+        let r = &ctx.reqs[i as usize];
+        ctx.tiers.tiers()[r.tier].ttft_ms.map_or(f64::INFINITY, |ms| r.arrival_s + ms / 1e3)
+    }
+
     /// Switch stop time for this policy's mechanism.
-    fn switch_ms(&self, settings: &SimSettings) -> f64 {
-        settings.switch_ms
+    fn switch_ms(&self, ctx: &Ctx) -> f64 {
+        ctx.settings.switch_cost(ctx.profile).stop_ms
     }
 
     /// Groups at time 0.
@@ -74,26 +84,36 @@ pub trait Policy {
         None
     }
 
-    /// A new request.
-    fn route(&mut self, ctx: &Ctx, i: u32, groups: &[GroupSim]) -> Route;
+    /// A new request at `now`.
+    fn route(&mut self, ctx: &Ctx, i: u32, now: f64, groups: &[GroupSim]) -> Route;
 
     /// A request whose prompt finished on a prefill group; None = decode
     /// where it is.
-    fn route_decode(&mut self, _ctx: &Ctx, _i: u32, _groups: &[GroupSim]) -> Option<Route> {
+    fn route_decode(&mut self, _ctx: &Ctx, _i: u32, _now: f64, _groups: &[GroupSim]) -> Option<Route> {
         None
     }
 
     /// A request leaving a group that stopped at a plan change.
-    fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, groups: &[GroupSim]) -> Route {
+    fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, now: f64, groups: &[GroupSim]) -> Route {
         if prefilled {
-            if let Some(r) = self.route_decode(ctx, i, groups) {
+            if let Some(r) = self.route_decode(ctx, i, now, groups) {
                 return r;
             }
         }
-        self.route(ctx, i, groups)
+        self.route(ctx, i, now, groups)
     }
 
-    fn on_finish(&mut self, _i: u32) {}
+    /// A request ended (finished or shed).
+    fn on_finish(&mut self, _i: u32, _now: f64) {}
+
+    /// A request's prompt finished on a group that keeps decoding it.
+    fn on_first_token(&mut self, _i: u32, _now: f64) {}
+
+    /// Requests the policy held (`Route::Wait`) that now have a place or
+    /// are shed.
+    fn take_released(&mut self, _now: f64) -> Vec<(u32, Route)> {
+        Vec::new()
+    }
 
     /// After each iteration of a group (local control loops).
     fn on_iteration(&mut self, _ctx: &Ctx, _group: &mut GroupSim, _iteration_ms: f64) {}
@@ -105,24 +125,31 @@ pub trait Policy {
 }
 
 /// The one list of policy names, with what each is.
-pub const POLICIES: [(&str, &str); 10] = [
+pub const POLICIES: [(&str, &str); 11] = [
     ("tiertp", "dynamic TP per tier: planner + dispatcher + batch policy"),
     ("tiertp-no-fairness", "tiertp without the unmet-demand weighting"),
     ("tiertp-static-tp", "tiertp's scheduler at one static TP level (tp)"),
     ("tiertp-naive-switch", "tiertp with a switch that restarts the engine (seconds)"),
     (
         "oracle",
-        "tiertp's planner fed the next window's true load, free switches (ceiling)",
+        "tiertp's control loop fed the next window's true load, free switches; searched over every TP set (ceiling)",
     ),
     (
         "sglang",
         "replicas at one TP level, chunked prefill, least-load, FCFS, SLO-agnostic",
     ),
     (
+        "sglang-slo",
+        "sglang + the SLO-aware batch rule (queued requests past their TTFT deadline shed), one TP level",
+    ),
+    (
         "sglang-pd",
         "static prefill/decode disaggregation at one TP level (tp, prefill_share)",
     ),
-    ("split", "a static partition per tier sized by its traffic share; overflow rejected"),
+    (
+        "split",
+        "a static partition per tier sized by its traffic share, best TP each; overflow rejected",
+    ),
     ("llumnix", "replicas at one TP level, priority headroom dispatch, live migration"),
     ("chiron", "interactive/batch pools, batch-size back-pressure, instance moves"),
 ];
@@ -136,7 +163,8 @@ pub fn build(name: &str, ctx: &Ctx) -> Result<Box<dyn Policy>, String> {
         "oracle" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Oracle)?),
         "sglang" => Box::new(sglang::Sglang::new(ctx, false)?),
         "sglang-pd" => Box::new(sglang::Sglang::new(ctx, true)?),
-        "split" => Box::new(split::Split::new(ctx)?),
+        "split" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Split)?),
+        "sglang-slo" => Box::new(sglang::Sglang::slo_aware(ctx)?),
         "llumnix" => Box::new(llumnix::Llumnix::new(ctx)?),
         "chiron" => Box::new(chiron::Chiron::new(ctx)?),
         _ => {

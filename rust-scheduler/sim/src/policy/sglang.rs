@@ -1,5 +1,9 @@
-//! SGLang baselines: replicas of one static TP level, SLO-agnostic.
-//! - `sglang`: colocated (chunked prefill), least-load dispatch, FCFS;
+//! SGLang baselines: replicas of one static TP level.
+//! - `sglang`: colocated (chunked prefill), least-load dispatch, FCFS,
+//!   SLO-agnostic;
+//! - `sglang-slo`: the same plus the SLO-aware batch rule (the production
+//!   batch policy's: a queued request past its TTFT deadline is shed, not
+//!   run) — the paper's ablation step before per-tier scheduling;
 //! - `sglang-pd`: fixed prefill and decode replicas, KV hand-off between
 //!   them, least-load dispatch to each stage.
 
@@ -16,6 +20,7 @@ const DEFAULT_PREFILL_SHARE: f64 = 0.5;
 pub struct Sglang {
     tp: u32,
     disaggregated: bool,
+    slo_aware: bool,
     prefill_share: f64,
 }
 
@@ -32,7 +37,17 @@ impl Sglang {
         Ok(Self {
             tp,
             disaggregated,
+            slo_aware: false,
             prefill_share: ctx.settings.prefill_share.unwrap_or(DEFAULT_PREFILL_SHARE),
+        })
+    }
+}
+
+impl Sglang {
+    pub fn slo_aware(ctx: &Ctx) -> Result<Self, String> {
+        Ok(Self {
+            slo_aware: true,
+            ..Self::new(ctx, false)?
         })
     }
 }
@@ -43,11 +58,15 @@ fn route_to(groups: &[GroupSim], i: Option<usize>) -> Route {
 
 impl Policy for Sglang {
     fn name(&self) -> &'static str {
-        if self.disaggregated {
-            "sglang-pd"
-        } else {
-            "sglang"
+        match (self.disaggregated, self.slo_aware) {
+            (true, _) => "sglang-pd",
+            (false, true) => "sglang-slo",
+            (false, false) => "sglang",
         }
+    }
+
+    fn deadline_aware(&self) -> bool {
+        self.slo_aware
     }
 
     fn describe(&self) -> Value {
@@ -70,14 +89,14 @@ impl Policy for Sglang {
         specs
     }
 
-    fn route(&mut self, _ctx: &Ctx, _i: u32, groups: &[GroupSim]) -> Route {
+    fn route(&mut self, _ctx: &Ctx, _i: u32, _now: f64, groups: &[GroupSim]) -> Route {
         route_to(
             groups,
             least_loaded(groups, |g| g.spec.role.takes_prefill(), |g| g.outstanding() as f64),
         )
     }
 
-    fn route_decode(&mut self, _ctx: &Ctx, _i: u32, groups: &[GroupSim]) -> Option<Route> {
+    fn route_decode(&mut self, _ctx: &Ctx, _i: u32, _now: f64, groups: &[GroupSim]) -> Option<Route> {
         if !self.disaggregated {
             return None;
         }

@@ -1,24 +1,21 @@
 //! `split`: one static partition per tier, sized by the tier's share of the
-//! trace's requests, each at the TP level best for that tier (the highest
-//! SLO-compliant throughput per GPU). Admission uses the production
-//! dispatcher's SLO bandwidth; a request its partition cannot take in time
-//! is rejected (counted as missed), never spilled to another tier.
+//! trace's requests. Each partition is what a competent operator would
+//! deploy for its tier alone: the production planner over the partition's
+//! GPUs at one static TP level (prefill/decode pairs or colocated groups,
+//! whichever it finds best), the TP level the one with the most
+//! SLO-compliant capacity. Served by the production control loop with the
+//! plan fixed: admission within each partition's SLO budget, overflow
+//! rejected (counted as missed), never spilled to another tier.
+
+use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tiertp_scheduler::dispatcher::{DispatchClass, Dispatcher};
-use tiertp_scheduler::estimator::estimate_tp;
-use tiertp_scheduler::plan::{Plan, Role};
-use tiertp_scheduler::planner::{group_plan, PlannerConfig};
-use tiertp_scheduler::topology::Allocator;
+use tiertp_scheduler::plan::{GroupPlan, Plan};
+use tiertp_scheduler::planner::{Planner, PlannerConfig};
+use tiertp_scheduler::tiers::TierSet;
+use tiertp_scheduler::topology::{Allocator, Cluster};
 
-use super::{throughput_caps, Ctx, Policy, Route};
-use crate::engine::{GroupSim, GroupSpec};
-
-pub struct Split {
-    dispatcher: Dispatcher,
-    specs: Vec<GroupSpec>,
-    layout: Vec<(String, u32, u32)>,
-}
+use super::Ctx;
 
 /// GPUs per tier by largest remainder, each tier with traffic at least one.
 fn shares(gpus: u32, rates: &[f64]) -> Vec<u32> {
@@ -50,122 +47,85 @@ fn shares(gpus: u32, rates: &[f64]) -> Vec<u32> {
     out
 }
 
-impl Split {
-    pub fn new(ctx: &Ctx) -> Result<Self, String> {
-        let tiers = ctx.tiers.tiers();
-        let rates: Vec<f64> = ctx.trace_stats.iter().map(|s| s.arrival_rate).collect();
-        let gpus = shares(ctx.cluster.num_gpus(), &rates);
-        let levels: Vec<u32> = ctx
-            .profile
-            .tp_levels()
-            .into_iter()
-            .filter(|k| PlannerConfig::default().tp_levels.contains(k))
-            .collect();
-        let mut alloc = Allocator::new(ctx.cluster);
-        let mut groups = Vec::new();
-        let mut specs = Vec::new();
-        let mut layout = Vec::new();
-        // Largest partitions first keep the aligned blocks they need.
-        let mut order: Vec<usize> = (0..tiers.len()).collect();
-        order.sort_by_key(|&t| std::cmp::Reverse(gpus[t]));
-        for t in order {
-            let est: Vec<_> = levels
-                .iter()
-                .map(|&k| estimate_tp(ctx.profile, &tiers[t], &ctx.trace_stats[t], k))
-                .collect();
-            let best = est
-                .iter()
-                .filter(|e| e.tp <= gpus[t] && e.tp <= ctx.settings.gpus_per_node)
-                .max_by(|a, b| (a.colocated.throughput_rps / f64::from(a.tp)).total_cmp(&(b.colocated.throughput_rps / f64::from(b.tp))))
-                .copied()
-                .unwrap_or(est[0]);
-            let mut left = gpus[t];
-            layout.push((tiers[t].name.clone(), best.tp, gpus[t]));
-            while left > 0 {
-                // Fall back to smaller groups where the partition's
-                // remainder or fragmentation leaves no room for `best`.
-                let Some(e) = est
-                    .iter()
-                    .rev()
-                    .filter(|e| e.tp <= best.tp && e.tp <= left)
-                    .find(|e| alloc.available(e.tp) > 0)
-                else {
-                    break;
-                };
-                let first = alloc.allocate(e.tp).expect("available");
-                left -= e.tp;
-                let g = group_plan(&tiers[t], e, t, Role::Colocated, first);
-                let (batch_cap, token_cap) = if g.capacity_rps > 0.0 {
-                    (g.batch_cap, g.token_cap)
-                } else {
-                    throughput_caps(ctx.profile, g.tp)
-                };
-                specs.push(GroupSpec {
-                    first_gpu: first,
-                    tp: e.tp,
-                    role: Role::Colocated,
-                    tier: Some(t),
-                    batch_cap,
-                    token_cap,
-                });
-                groups.push(g);
-            }
-        }
-        let plan = Plan {
-            num_gpus: ctx.cluster.num_gpus(),
-            groups,
-            tier_capacity_rps: vec![0.0; tiers.len()],
-        };
-        Ok(Self {
-            dispatcher: Dispatcher::new(ctx.tiers, &plan),
-            specs,
-            layout,
-        })
-    }
+/// A partition: the tier's groups on GPUs 0.. of its own, and its layout.
+struct Partition {
+    tier: usize,
+    gpus: u32,
+    tp: u32,
+    groups: Vec<GroupPlan>,
+    capacity_rps: f64,
 }
 
-impl Policy for Split {
-    fn name(&self) -> &'static str {
-        "split"
+/// The best single-tier plan for `gpus` GPUs at one static TP level.
+fn best_partition(ctx: &Ctx, tier: usize, gpus: u32) -> Result<Option<Partition>, String> {
+    if gpus == 0 {
+        return Ok(None);
     }
-
-    fn describe(&self) -> Value {
-        json!({"partitions": self.layout.iter().map(|(t, tp, g)| json!({"tier": t, "tp": tp, "gpus": g})).collect::<Vec<_>>()})
-    }
-
-    fn initial(&mut self, _ctx: &Ctx) -> Vec<GroupSpec> {
-        self.specs.clone()
-    }
-
-    fn route(&mut self, ctx: &Ctx, i: u32, _groups: &[GroupSim]) -> Route {
-        let r = &ctx.reqs[i as usize];
-        let id = u64::from(i);
-        let background = ctx.tiers.tiers()[r.tier].background;
-        match self.dispatcher.dispatch(id, r.tier, r.prompt_tokens) {
-            Ok(d) if d.class == DispatchClass::Feasible || (background && d.class == DispatchClass::Background) => {
-                // Background tiers have their own partition when they have
-                // traffic; without one they are rejected like overflow.
-                let own = self
-                    .specs
-                    .iter()
-                    .any(|s| s.key() == (d.group_first_gpu, d.tp) && s.tier == Some(r.tier));
-                if own {
-                    return Route::To((d.group_first_gpu, d.tp), d.class);
-                }
-                let _ = self.dispatcher.complete(id);
-                Route::Reject
-            }
-            Ok(_) => {
-                let _ = self.dispatcher.complete(id);
-                Route::Reject
-            }
-            Err(_) => Route::Reject,
+    let t = &ctx.tiers.tiers()[tier];
+    let alone = TierSet::new(vec![t.clone()], "split partition").map_err(|e| e.to_string())?;
+    let cluster = Cluster::new(vec![gpus.min(ctx.settings.gpus_per_node)]).map_err(|e| e.to_string())?;
+    let mut best: Option<Partition> = None;
+    for tp in ctx.profile.tp_levels() {
+        if !PlannerConfig::default().tp_levels.contains(&tp) || tp > cluster.num_gpus() {
+            continue;
+        }
+        let config = PlannerConfig {
+            tp_levels: vec![tp],
+            ..PlannerConfig::default()
+        };
+        let Ok(planner) = Planner::new(Arc::clone(ctx.profile), alone.clone(), cluster.clone(), config) else {
+            continue;
+        };
+        let (plan, _) = planner.propose(&ctx.trace_stats[tier..=tier]).map_err(|e| e.to_string())?;
+        let capacity_rps = plan.tier_capacity_rps[0];
+        if best.as_ref().is_none_or(|b| capacity_rps > b.capacity_rps * (1.0 + 1e-9)) {
+            best = Some(Partition {
+                tier,
+                gpus,
+                tp,
+                groups: plan.groups,
+                capacity_rps,
+            });
         }
     }
+    Ok(best)
+}
 
-    fn on_finish(&mut self, i: u32) {
-        let _ = self.dispatcher.complete(u64::from(i));
+/// The fixed plan of every partition on the cluster, and a description.
+pub fn partition_plan(ctx: &Ctx) -> Result<(Plan, Value), String> {
+    let n = ctx.tiers.len();
+    let rates: Vec<f64> = ctx.trace_stats.iter().map(|s| s.arrival_rate).collect();
+    let gpus = shares(ctx.cluster.num_gpus(), &rates);
+    let mut parts = Vec::new();
+    for (t, &g) in gpus.iter().enumerate() {
+        parts.extend(best_partition(ctx, t, g)?);
     }
+    // Largest groups first keep the aligned blocks they need.
+    let mut placed: Vec<(usize, GroupPlan)> = parts.iter().flat_map(|p| p.groups.iter().map(move |g| (p.tier, *g))).collect();
+    placed.sort_by_key(|(_, g)| std::cmp::Reverse(g.tp));
+    let mut alloc = Allocator::new(ctx.cluster);
+    let mut groups = Vec::new();
+    for (tier, g) in placed {
+        if let Some(first_gpu) = alloc.allocate(g.tp) {
+            groups.push(GroupPlan { tier, first_gpu, ..g });
+        }
+    }
+    groups.sort_by_key(|g| g.first_gpu);
+    let mut tier_capacity_rps = vec![0.0; n];
+    for p in &parts {
+        tier_capacity_rps[p.tier] = p.capacity_rps;
+    }
+    let layout = json!({"partitions": parts.iter().map(|p| json!({
+        "tier": ctx.tiers.tiers()[p.tier].name, "tp": p.tp, "gpus": p.gpus, "capacity_rps": p.capacity_rps,
+    })).collect::<Vec<_>>()});
+    Ok((
+        Plan {
+            num_gpus: ctx.cluster.num_gpus(),
+            groups,
+            tier_capacity_rps,
+        },
+        layout,
+    ))
 }
 
 #[cfg(test)]

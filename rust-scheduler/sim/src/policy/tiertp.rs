@@ -1,18 +1,22 @@
-//! tiertp and its ablations: the production Planner (every window) and
-//! Dispatcher (every request) drive the cluster; groups run the production
-//! BatchPolicy inside the engine model.
+//! tiertp, its ablations, the oracle and `split`: the production control
+//! loop (`tiertp_scheduler::control::ControlLoop`) decides everything
+//! (plans, commits, admission, dispatch, hand-offs, shedding); this file
+//! only turns its answers into simulator routes. Groups run the production
+//! `BatchPolicy` inside the engine model. `split` is the same loop with its
+//! plan fixed to static per-tier partitions (see `split.rs`).
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tiertp_scheduler::dispatcher::{DispatchClass, Dispatcher};
+use tiertp_scheduler::control::{Admission, ControlConfig, ControlLoop, Handoff};
+use tiertp_scheduler::dispatcher::Decision;
 use tiertp_scheduler::plan::Plan;
-use tiertp_scheduler::planner::{Planner, PlannerConfig};
 use tiertp_scheduler::stats::TierStats;
+use tiertp_scheduler::switch_cost::SwitchCost;
 
 use super::{throughput_caps, Ctx, Policy, Route};
 use crate::engine::{GroupSim, GroupSpec};
-use crate::settings::{SimSettings, NAIVE_SWITCH_MS};
+use crate::settings::NAIVE_SWITCH_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Variant {
@@ -21,36 +25,64 @@ pub enum Variant {
     StaticTp,
     NaiveSwitch,
     Oracle,
+    Split,
 }
 
 pub struct Tiertp {
     variant: Variant,
-    planner: Planner,
-    dispatcher: Dispatcher,
+    control: ControlLoop,
+    switch: SwitchCost,
+    /// Reported settings beyond the loop's own (split's partitions).
+    layout: Value,
+}
+
+/// The control loop's settings for a simulated run of `variant`: the
+/// production defaults, the run's window, and the switch mechanism the run
+/// models (so the commit rule weighs the cost the simulator charges).
+pub fn control_config(ctx: &Ctx, variant: Variant) -> Result<(ControlConfig, SwitchCost), String> {
+    let mut config = ControlConfig {
+        window_s: ctx.settings.window_s,
+        memory_s: ctx.settings.demand_memory_s,
+        ..ControlConfig::default()
+    };
+    let mut switch = ctx.settings.switch_cost(ctx.profile);
+    match variant {
+        Variant::NoFairness => config.planner.fairness_weighting = false,
+        Variant::StaticTp => config.planner.tp_levels = vec![super::static_tp(ctx)?],
+        // The hindsight ceiling may also be searched at one static level.
+        Variant::Oracle if ctx.settings.tp.is_some() => {
+            config.planner.tp_levels = vec![super::static_tp(ctx)?];
+            switch = SwitchCost { stop_ms: 0.0, ..switch };
+        }
+        Variant::NaiveSwitch => switch.stop_ms = NAIVE_SWITCH_MS,
+        Variant::Oracle => switch = SwitchCost { stop_ms: 0.0, ..switch },
+        Variant::Full | Variant::Split => {}
+    }
+    config.planner.switch_cost = Some(switch);
+    Ok((config, switch))
 }
 
 impl Tiertp {
     pub fn new(ctx: &Ctx, variant: Variant) -> Result<Self, String> {
-        let mut config = PlannerConfig::default();
-        match variant {
-            Variant::NoFairness => config.fairness_weighting = false,
-            Variant::StaticTp => config.tp_levels = vec![super::static_tp(ctx)?],
-            _ => {}
+        let (config, switch) = control_config(ctx, variant)?;
+        let mut control =
+            ControlLoop::new(Arc::clone(ctx.profile), ctx.tiers.clone(), ctx.cluster.clone(), config).map_err(|e| e.to_string())?;
+        let mut layout = Value::Null;
+        if variant == Variant::Split {
+            let (plan, described) = super::split::partition_plan(ctx)?;
+            control.install(plan);
+            layout = described;
         }
-        let planner = Planner::new(Arc::clone(ctx.profile), ctx.tiers.clone(), ctx.cluster.clone(), config).map_err(|e| e.to_string())?;
-        let empty = Plan {
-            num_gpus: ctx.cluster.num_gpus(),
-            groups: Vec::new(),
-            tier_capacity_rps: vec![0.0; ctx.tiers.len()],
-        };
         Ok(Self {
             variant,
-            dispatcher: Dispatcher::new(ctx.tiers, &empty),
-            planner,
+            control,
+            switch,
+            layout,
         })
     }
 
-    fn specs(&self, ctx: &Ctx, plan: &Plan) -> Vec<GroupSpec> {
+    /// The engine's groups for a plan.
+    pub fn specs(ctx: &Ctx, plan: &Plan) -> Vec<GroupSpec> {
         plan.groups
             .iter()
             .map(|g| {
@@ -73,15 +105,23 @@ impl Tiertp {
             .collect()
     }
 
-    fn commit(&mut self, ctx: &Ctx, stats: &[TierStats]) -> Option<Vec<GroupSpec>> {
-        let out = self.planner.step(stats).ok()?;
-        self.dispatcher.set_plan(ctx.tiers, &out.plan);
-        // Caps follow the stats every window; GPUs move only on a change.
-        Some(self.specs(ctx, &out.plan))
+    fn decision(d: Decision) -> Route {
+        Route::To(d.key(), d.class)
     }
 
-    fn decision(d: tiertp_scheduler::dispatcher::Decision) -> Route {
-        Route::To((d.group_first_gpu, d.tp), d.class)
+    fn admission(a: Admission) -> Route {
+        match a {
+            Admission::Admitted(d) => Self::decision(d),
+            Admission::Shed { .. } => Route::Reject,
+        }
+    }
+
+    fn handoff(h: Handoff) -> Option<Route> {
+        match h {
+            Handoff::Stay => None,
+            Handoff::Move(d) => Some(Self::decision(d)),
+            Handoff::Wait => Some(Route::Wait),
+        }
     }
 }
 
@@ -93,80 +133,94 @@ impl Policy for Tiertp {
             Variant::StaticTp => "tiertp-static-tp",
             Variant::NaiveSwitch => "tiertp-naive-switch",
             Variant::Oracle => "oracle",
+            Variant::Split => "split",
         }
     }
 
     fn describe(&self) -> Value {
-        json!({"tp_levels": self.planner.tp_levels()})
+        if self.variant == Variant::Split {
+            return self.layout.clone();
+        }
+        json!({
+            "tp_levels": self.control.planner().map(|p| p.tp_levels().to_vec()),
+            "switch_stop_ms": self.switch.stop_ms,
+            "kv_gbps": self.switch.kv_gbps,
+        })
     }
 
     fn deadline_aware(&self) -> bool {
         true
     }
 
-    fn switch_ms(&self, settings: &SimSettings) -> f64 {
-        match self.variant {
-            Variant::NaiveSwitch => NAIVE_SWITCH_MS,
-            Variant::Oracle => 0.0,
-            _ => settings.switch_ms,
-        }
+    fn deadline(&self, ctx: &Ctx, i: u32) -> f64 {
+        let r = &ctx.reqs[i as usize];
+        self.control.ttft_deadline(r.tier, r.arrival_s)
+    }
+
+    fn switch_ms(&self, _ctx: &Ctx) -> f64 {
+        self.switch.stop_ms
     }
 
     fn initial(&mut self, ctx: &Ctx) -> Vec<GroupSpec> {
-        // Nothing observed yet: the trace's mean lengths with no load spread
-        // the GPUs over the tiers; the oracle already knows window 0.
-        let stats: Vec<TierStats> = ctx.trace_stats.iter().map(|s| TierStats { arrival_rate: 0.0, ..*s }).collect();
-        self.commit(ctx, &stats).unwrap_or_default()
+        Self::specs(ctx, self.control.plan())
     }
 
     fn on_window(
         &mut self,
         ctx: &Ctx,
-        _now: f64,
-        observed: &[TierStats],
+        now: f64,
+        _observed: &[TierStats],
         future: &[TierStats],
         _groups: &[GroupSim],
     ) -> Option<Vec<GroupSpec>> {
-        let stats = if self.variant == Variant::Oracle { future } else { observed };
-        self.commit(ctx, stats)
+        if self.variant == Variant::Split {
+            return None;
+        }
+        let known = (self.variant == Variant::Oracle).then_some(future);
+        let out = self.control.window(now, known).ok()?;
+        out.plan_changed.then(|| Self::specs(ctx, &out.plan))
     }
 
-    fn route(&mut self, ctx: &Ctx, i: u32, _groups: &[GroupSim]) -> Route {
+    fn route(&mut self, ctx: &Ctx, i: u32, now: f64, _groups: &[GroupSim]) -> Route {
         let r = &ctx.reqs[i as usize];
-        if self.dispatcher.is_in_flight(u64::from(i)) {
-            let _ = self.dispatcher.complete(u64::from(i));
-        }
-        match self.dispatcher.dispatch(u64::from(i), r.tier, r.prompt_tokens) {
-            Ok(d) => Self::decision(d),
+        // The trace's output length stands for the client's max_tokens (live
+        // replay sends exactly that).
+        match self.control.admit(u64::from(i), r.tier, r.prompt_tokens, r.output_tokens, now) {
+            Ok(a) => Self::admission(a),
             Err(_) => Route::Reject,
         }
     }
 
-    fn route_decode(&mut self, ctx: &Ctx, i: u32, _groups: &[GroupSim]) -> Option<Route> {
-        let r = &ctx.reqs[i as usize];
-        match self.dispatcher.dispatch_decode(u64::from(i), r.tier) {
-            Ok(d) if d.charge == 0 => None,
-            Ok(d) => Some(Self::decision(d)),
-            Err(_) => None,
+    fn on_first_token(&mut self, i: u32, now: f64) {
+        let _ = self.control.first_token(u64::from(i), now);
+    }
+
+    fn route_decode(&mut self, _ctx: &Ctx, i: u32, now: f64, _groups: &[GroupSim]) -> Option<Route> {
+        match self.control.first_token(u64::from(i), now) {
+            Ok(h) => Self::handoff(h),
+            Err(_) => Some(Route::Reject),
         }
     }
 
-    fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, groups: &[GroupSim]) -> Route {
-        let first = self.route(ctx, i, groups);
-        if !prefilled || first == Route::Reject {
-            return first;
-        }
-        match self.route_decode(ctx, i, groups) {
-            Some(r) => r,
-            None => match first {
-                // Stays on the prefill-capable group it got (colocated).
-                Route::To(key, _) => Route::To(key, DispatchClass::Feasible),
-                Route::Reject => Route::Reject,
-            },
-        }
+    fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, now: f64, _groups: &[GroupSim]) -> Route {
+        let id = u64::from(i);
+        let placed = if prefilled {
+            self.control.relocate(id, now).map(|h| Self::handoff(h).unwrap_or(Route::Reject))
+        } else {
+            let r = &ctx.reqs[i as usize];
+            self.control.readmit(id, r.tier, r.prompt_tokens, &[]).map(Self::admission)
+        };
+        placed.unwrap_or(Route::Reject)
     }
 
-    fn on_finish(&mut self, i: u32) {
-        let _ = self.dispatcher.complete(u64::from(i));
+    fn on_finish(&mut self, i: u32, now: f64) {
+        self.control.finish(u64::from(i), now);
+    }
+
+    fn take_released(&mut self, now: f64) -> Vec<(u32, Route)> {
+        let r = self.control.take_released(now);
+        let granted = r.granted.into_iter().map(|(id, d)| (id as u32, Self::decision(d)));
+        let shed = r.shed.into_iter().map(|id| (id as u32, Route::Reject));
+        granted.chain(shed).collect()
     }
 }

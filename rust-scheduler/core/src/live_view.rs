@@ -4,8 +4,8 @@
 //! block is an aligned TP group of the physical node too (and no group
 //! includes a dead GPU). Planner GPU `i` is physical GPU `to_physical[i]`.
 
-use tiertp_scheduler::plan::Plan;
-use tiertp_scheduler::topology::Cluster;
+use crate::plan::{GpuCommand, Plan};
+use crate::topology::Cluster;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveView {
@@ -64,6 +64,18 @@ impl LiveView {
         plan.groups.sort_by_key(|g| g.first_gpu);
         plan.num_gpus = num_gpus;
         plan
+    }
+
+    /// Planner commands in physical GPU numbering.
+    pub fn to_physical_commands(&self, commands: Vec<GpuCommand>) -> Vec<GpuCommand> {
+        commands
+            .into_iter()
+            .map(|c| GpuCommand {
+                gpu: self.to_physical[c.gpu as usize],
+                group_first_gpu: self.to_physical[c.group_first_gpu as usize],
+                ..c
+            })
+            .collect()
     }
 }
 
