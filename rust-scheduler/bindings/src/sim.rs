@@ -63,6 +63,7 @@ pub fn simulate<'py>(
         kv_gbps: kv_gbps.or(d.kv_gbps),
         tp,
         prefill_share,
+        record_control: false,
     };
     // The simulator runs without the GIL: the planner's worker threads may
     // log (profile clamps) through Python logging, which needs it.

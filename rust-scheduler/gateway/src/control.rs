@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tiertp_scheduler::control::{Admission, ControlConfig as CoreConfig, ControlLoop, ShedReason};
+use tiertp_scheduler::control::{Admission, ControlConfig as CoreConfig, ControlLoop, Handoff, ShedReason};
 pub use tiertp_scheduler::plan::GroupKey;
 use tiertp_scheduler::plan::Plan;
 use tiertp_scheduler::planner::PlannerConfig;
@@ -66,8 +66,12 @@ struct State {
     workers: Vec<WorkerPlan>,
 }
 
+/// The control loop's clock: seconds on a monotonic scale.
+pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
+
 pub struct Control {
     tiers: TierSet,
+    clock: Clock,
     pub workers: Vec<Arc<dyn WorkerClient>>,
     /// First global GPU and GPU count of each worker (workers are the
     /// cluster's nodes).
@@ -76,7 +80,6 @@ pub struct Control {
     window: Duration,
     stats_timeout: Duration,
     state: Mutex<State>,
-    start: Instant,
     next_id: AtomicU64,
     /// Asks the loop for a step now (a GPU or worker failed).
     wake: Notify,
@@ -117,7 +120,9 @@ impl Control {
             next += g;
         }
         let all_up = vec![true; num_gpus as usize];
+        let start = Instant::now();
         Ok(Self {
+            clock: Arc::new(move || start.elapsed().as_secs_f64()),
             state: Mutex::new(State {
                 control,
                 usable: all_up.clone(),
@@ -132,7 +137,6 @@ impl Control {
             node_sizes: gpus.to_vec(),
             window: config.window,
             stats_timeout: config.stats_timeout,
-            start: Instant::now(),
             next_id: AtomicU64::new(1),
             wake: Notify::new(),
             metrics,
@@ -147,19 +151,27 @@ impl Control {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Seconds since start: the control loop's clock.
+    /// Replaces the wall clock (seconds since start) with another, e.g. a
+    /// virtual one that replays a simulated run.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The control loop's clock.
     fn now_s(&self) -> f64 {
-        self.start.elapsed().as_secs_f64()
+        (self.clock)()
     }
 
     /// Seconds from now by which a request that arrived at `arrival` must
     /// start prefilling to meet its TTFT (the core's deadline); `None` for
     /// a tier without one.
     pub fn start_within_s(&self, tier: TierId, arrival: Instant) -> Option<f64> {
-        let s = self.state.lock().unwrap();
-        let arrived_s = arrival.saturating_duration_since(self.start).as_secs_f64();
-        let deadline = s.control.ttft_deadline(tier, arrived_s);
-        deadline.is_finite().then(|| (deadline - self.now_s()).max(0.0))
+        // The core's deadline, counted from the arrival.
+        let from_arrival = self.state.lock().unwrap().control.ttft_deadline(tier, 0.0);
+        from_arrival
+            .is_finite()
+            .then(|| (from_arrival - arrival.elapsed().as_secs_f64()).max(0.0))
     }
 
     fn worker_of_gpu(&self, gpu: u32) -> usize {
@@ -246,10 +258,12 @@ impl Control {
         }
     }
 
-    /// A request's first token arrived: its prompt charge comes back.
-    pub fn first_token(&self, id: u64) {
+    /// A request's first token arrived: its prompt charge comes back; the
+    /// core's hand-off decision (the agent moves the KV), `None` for a
+    /// request the loop does not hold.
+    pub fn first_token(&self, id: u64) -> Option<Handoff> {
         let now = self.now_s();
-        let _ = self.state.lock().unwrap().control.first_token(id, now);
+        self.state.lock().unwrap().control.first_token(id, now).ok()
     }
 
     /// The request ended (completion, failure or cancellation): what it

@@ -16,6 +16,6 @@ pub mod settings;
 pub mod simulator;
 
 pub use policy::POLICIES;
-pub use result::SimResult;
+pub use result::{ControlEvent, SimResult};
 pub use settings::SimSettings;
 pub use simulator::simulate;

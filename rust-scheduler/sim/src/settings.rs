@@ -23,6 +23,8 @@ pub struct SimSettings {
     pub tp: Option<u32>,
     /// sglang-pd: fraction of GPUs doing prefill; None = policy default.
     pub prefill_share: Option<f64>,
+    /// Record every control decision (`SimResult::control_log`).
+    pub record_control: bool,
 }
 
 /// Switch cost of the naive mechanism (restart the engine at the new TP).
@@ -49,6 +51,7 @@ impl SimSettings {
             kv_gbps: None,
             tp: None,
             prefill_share: None,
+            record_control: false,
         }
     }
 

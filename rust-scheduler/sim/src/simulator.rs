@@ -17,7 +17,7 @@ use tiertp_scheduler::topology::Cluster;
 use crate::engine::{GroupSim, GroupSpec, Outcome};
 use crate::policy::{self, Ctx, Policy, Route};
 use crate::request::{kv_reservation, Progress, TraceRequest};
-use crate::result::{SimResult, TimelineEntry};
+use crate::result::{ControlEvent, SimResult, TimelineEntry};
 use crate::settings::SimSettings;
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -85,6 +85,7 @@ struct Sim<'a> {
     bytes_per_token: f64,
     kv_gbps: f64,
     deadline_aware: bool,
+    log: Option<Vec<ControlEvent>>,
 }
 
 /// Replays `reqs` (sorted by arrival) under `policy_name`.
@@ -140,6 +141,7 @@ pub fn simulate(
         migrated: 0,
         remaining: reqs.len(),
         deadline_aware: false,
+        log: settings.record_control.then(Vec::new),
     };
     sim.deadline_aware = sim.policy.deadline_aware();
     let wall = Instant::now();
@@ -173,6 +175,11 @@ pub fn simulate(
                 let observed = sim.observer.snapshot(sim.now);
                 let fut = future.get(window).unwrap_or(&future[future.len() - 1]).clone();
                 let change = sim.policy.on_window(&sim.ctx, sim.now, &observed, &fut, &sim.groups);
+                let time_s = sim.now;
+                sim.record(|| ControlEvent::Window {
+                    time_s,
+                    groups: change.clone(),
+                });
                 if let Some(specs) = change {
                     sim.apply(specs, false);
                 }
@@ -301,6 +308,8 @@ impl Sim<'_> {
         let r = self.ctx.reqs[i as usize];
         self.observer.record(r.tier, r.arrival_s, r.prompt_tokens, r.output_tokens);
         let route = self.policy.route(&self.ctx, i, self.now, &self.groups);
+        let time_s = self.now;
+        self.record(|| ControlEvent::Admit { time_s, request: i, route });
         self.place(i, route, 0.0);
     }
 
@@ -326,6 +335,14 @@ impl Sim<'_> {
             p.rejected = true;
             self.remaining -= 1;
             self.policy.on_finish(i, self.now);
+            let time_s = self.now;
+            self.record(|| ControlEvent::Finish { time_s, request: i });
+        }
+    }
+
+    fn record(&mut self, event: impl FnOnce() -> ControlEvent) {
+        if let Some(log) = &mut self.log {
+            log.push(event());
         }
     }
 
@@ -346,6 +363,8 @@ impl Sim<'_> {
             // The target stopped while the KV was in flight: route again.
             let prefilled = self.progress[i as usize].prefilled == self.ctx.reqs[i as usize].prompt_tokens;
             let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
+            let time_s = self.now;
+            self.record(|| ControlEvent::Migrate { time_s, request: i });
             return self.place(i, route, 0.0);
         };
         if kv_reservation(&self.ctx.reqs[i as usize]) > self.groups[g].kv_capacity {
@@ -404,15 +423,26 @@ impl Sim<'_> {
                 Outcome::Finished(i) => {
                     self.remaining -= 1;
                     self.policy.on_finish(i, self.now);
+                    let time_s = self.now;
+                    self.record(|| ControlEvent::Finish { time_s, request: i });
                 }
-                Outcome::FirstToken(i) => self.policy.on_first_token(i, self.now),
-                Outcome::PrefillDone(i) => match self.policy.route_decode(&self.ctx, i, self.now, &self.groups) {
-                    None => self.groups[g].keep_decoding(i, self.ctx.reqs),
-                    Some(route) => {
-                        let delay = self.transfer_s(u64::from(self.ctx.reqs[i as usize].prompt_tokens));
-                        self.place(i, route, delay);
+                Outcome::FirstToken(i) => {
+                    self.policy.on_first_token(i, self.now);
+                    let time_s = self.now;
+                    self.record(|| ControlEvent::FirstToken { time_s, request: i });
+                }
+                Outcome::PrefillDone(i) => {
+                    let route = self.policy.route_decode(&self.ctx, i, self.now, &self.groups);
+                    let time_s = self.now;
+                    self.record(|| ControlEvent::Handoff { time_s, request: i, route });
+                    match route {
+                        None => self.groups[g].keep_decoding(i, self.ctx.reqs),
+                        Some(route) => {
+                            let delay = self.transfer_s(u64::from(self.ctx.reqs[i as usize].prompt_tokens));
+                            self.place(i, route, delay);
+                        }
                     }
-                },
+                }
             }
         }
         self.released();
@@ -433,6 +463,8 @@ impl Sim<'_> {
         for (i, _) in queued {
             let prefilled = self.progress[i as usize].prefilled == self.ctx.reqs[i as usize].prompt_tokens;
             let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
+            let time_s = self.now;
+            self.record(|| ControlEvent::Migrate { time_s, request: i });
             self.place(i, route, 0.0);
         }
         for i in running {
@@ -440,6 +472,8 @@ impl Sim<'_> {
             let p = self.progress[i as usize];
             let prefilled = p.prefilled == self.ctx.reqs[i as usize].prompt_tokens;
             let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
+            let time_s = self.now;
+            self.record(|| ControlEvent::Migrate { time_s, request: i });
             let tokens = u64::from(p.prefilled) + u64::from(p.generated);
             let delay = self.transfer_s(tokens);
             self.place(i, route, delay);
@@ -556,6 +590,7 @@ impl Sim<'_> {
             switches: self.switches,
             migrated_requests: self.migrated,
             wall_s,
+            control_log: self.log.unwrap_or_default(),
         }
     }
 }

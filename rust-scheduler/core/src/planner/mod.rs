@@ -273,7 +273,7 @@ impl Planner {
             .iter()
             .map(|&(tier, role, tp, first_gpu)| {
                 let e = estimates[tier].at(tp).expect("planned TP levels were estimated");
-                let mut g = group_plan(&tiers[tier], e, tier, role, first_gpu);
+                let mut g = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
                 g.capacity_rps *= self.config.target_utilization;
                 g
             })
@@ -304,8 +304,10 @@ fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// A group's capacity, batch caps and SLO budget from its estimate.
-pub fn group_plan(tier: &Tier, e: &TpEstimate, tier_id: usize, role: Role, first_gpu: u32) -> GroupPlan {
+/// A group's capacity, batch caps and SLO budget from its estimate. A group
+/// whose stage cannot meet the tier's SLO has no budget (it takes a request
+/// only when idle) and runs at the profile's SLO-agnostic caps.
+pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize, role: Role, first_gpu: u32) -> GroupPlan {
     let stage = match role {
         Role::Prefill => e.prefill,
         Role::Decode => e.decode,
@@ -326,14 +328,19 @@ pub fn group_plan(tier: &Tier, e: &TpEstimate, tier_id: usize, role: Role, first
             }
         }
     };
+    let (batch_cap, token_cap) = if stage.feasible() {
+        (stage.batch_requests.max(1), stage.batch_tokens)
+    } else {
+        profile.throughput_caps(e.tp).expect("planned TP levels come from the profile")
+    };
     GroupPlan {
         tier: tier_id,
         role,
         tp: e.tp,
         first_gpu,
         capacity_rps: stage.throughput_rps,
-        batch_cap: stage.batch_requests.max(1),
-        token_cap: if role == Role::Decode { 0 } else { stage.batch_tokens },
+        batch_cap,
+        token_cap: if role == Role::Decode { 0 } else { token_cap },
         slo_budget,
     }
 }

@@ -34,6 +34,9 @@ pub struct TpTable {
     warned: [AtomicBool; 8],
 }
 
+/// SGLang's default `chunked_prefill_size`.
+pub const SGLANG_CHUNKED_PREFILL_TOKENS: f64 = 8192.0;
+
 #[derive(Debug)]
 pub struct Profile {
     pub name: String,
@@ -99,6 +102,17 @@ impl Profile {
     }
 
     /// TP levels present, ascending.
+    /// Caps of an SLO-agnostic engine at `tp`: the largest batch the profile
+    /// covers and SGLang's default chunked-prefill size (8192 tokens),
+    /// within the profile. Also what a group that cannot meet its tier's
+    /// SLO runs with (best effort at full throughput).
+    pub fn throughput_caps(&self, tp: u32) -> Result<(u32, u32), ProfileError> {
+        let t = self.table(tp)?;
+        let batch = *t.decode.x().last().expect("validated axis") as u32;
+        let tokens = (*t.prefill.x().last().expect("validated axis")).min(SGLANG_CHUNKED_PREFILL_TOKENS) as u32;
+        Ok((batch.max(1), tokens.max(1)))
+    }
+
     pub fn tp_levels(&self) -> Vec<u32> {
         self.tables.iter().map(|t| t.tp).collect()
     }

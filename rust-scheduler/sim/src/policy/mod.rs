@@ -174,13 +174,9 @@ pub fn build(name: &str, ctx: &Ctx) -> Result<Box<dyn Policy>, String> {
     })
 }
 
-/// Caps of an SLO-agnostic engine: the largest batch the profile covers and
-/// SGLang's default chunked-prefill size (8192), within the profile.
+/// Caps of an SLO-agnostic engine (the profile's).
 pub fn throughput_caps(profile: &Profile, tp: u32) -> (u32, u32) {
-    let t = profile.table(tp).expect("policy TP levels come from the profile");
-    let batch = *t.decode.x().last().expect("validated axis") as u32;
-    let tokens = (*t.prefill.x().last().expect("validated axis")).min(8192.0) as u32;
-    (batch.max(1), tokens.max(1))
+    profile.throughput_caps(tp).expect("policy TP levels come from the profile")
 }
 
 /// The static TP level of a baseline: the setting, else 1; checked against

@@ -14,7 +14,7 @@ use tiertp_scheduler::plan::Plan;
 use tiertp_scheduler::stats::TierStats;
 use tiertp_scheduler::switch_cost::SwitchCost;
 
-use super::{throughput_caps, Ctx, Policy, Route};
+use super::{Ctx, Policy, Route};
 use crate::engine::{GroupSim, GroupSpec};
 use crate::settings::NAIVE_SWITCH_MS;
 
@@ -82,25 +82,16 @@ impl Tiertp {
     }
 
     /// The engine's groups for a plan.
-    pub fn specs(ctx: &Ctx, plan: &Plan) -> Vec<GroupSpec> {
+    pub fn specs(plan: &Plan) -> Vec<GroupSpec> {
         plan.groups
             .iter()
-            .map(|g| {
-                // A group that cannot meet its tier's SLO runs best effort at
-                // full throughput rather than with an SLO-sized batch.
-                let (batch_cap, token_cap) = if g.capacity_rps > 0.0 {
-                    (g.batch_cap, g.token_cap)
-                } else {
-                    throughput_caps(ctx.profile, g.tp)
-                };
-                GroupSpec {
-                    first_gpu: g.first_gpu,
-                    tp: g.tp,
-                    role: g.role,
-                    tier: Some(g.tier),
-                    batch_cap,
-                    token_cap,
-                }
+            .map(|g| GroupSpec {
+                first_gpu: g.first_gpu,
+                tp: g.tp,
+                role: g.role,
+                tier: Some(g.tier),
+                batch_cap: g.batch_cap,
+                token_cap: g.token_cap,
             })
             .collect()
     }
@@ -161,13 +152,13 @@ impl Policy for Tiertp {
         self.switch.stop_ms
     }
 
-    fn initial(&mut self, ctx: &Ctx) -> Vec<GroupSpec> {
-        Self::specs(ctx, self.control.plan())
+    fn initial(&mut self, _ctx: &Ctx) -> Vec<GroupSpec> {
+        Self::specs(self.control.plan())
     }
 
     fn on_window(
         &mut self,
-        ctx: &Ctx,
+        _ctx: &Ctx,
         now: f64,
         _observed: &[TierStats],
         future: &[TierStats],
@@ -178,7 +169,7 @@ impl Policy for Tiertp {
         }
         let known = (self.variant == Variant::Oracle).then_some(future);
         let out = self.control.window(now, known).ok()?;
-        out.plan_changed.then(|| Self::specs(ctx, &out.plan))
+        out.plan_changed.then(|| Self::specs(&out.plan))
     }
 
     fn route(&mut self, ctx: &Ctx, i: u32, now: f64, _groups: &[GroupSim]) -> Route {
