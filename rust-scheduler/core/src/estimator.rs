@@ -11,7 +11,10 @@
 //! - colocated (chunked prefill): B decoding requests plus a prefill chunk of
 //!   c = ⌈B·L_in/L_out⌉ tokens per iteration; the iteration
 //!   T_d(B) + T_p(c) must be ≤ TPOT and (⌈L_in/c⌉ + 1) iterations ≤ TTFT;
-//!   X_c = B / (L_out · T_iter), best over B.
+//!   X_c = B / (L_out · T_iter), best over B; its batch cap is B plus the
+//!   ⌈c/L_in⌉ requests being prefilled, which hold batch slots too (without
+//!   them a small-B group, e.g. short outputs after long prompts, ran at
+//!   about half its estimate in replay).
 //!
 //! Background tiers have no SLO: each stage runs at its largest batch.
 
@@ -243,7 +246,9 @@ fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f
         if x > best.throughput_rps {
             best = StageEstimate {
                 throughput_rps: x,
-                batch_requests: b,
+                // Requests being chunk-prefilled hold batch slots too: the
+                // cap leaves room for them beside the B decoding ones.
+                batch_requests: b + (chunk / l_in).ceil() as u32,
                 batch_tokens: chunk as u32,
                 batch_ms: iter_ms,
             };

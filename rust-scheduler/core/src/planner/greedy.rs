@@ -243,37 +243,19 @@ pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
         return base.chosen;
     }
     let covers = |o: &Outcome| must_cover.iter().zip(&o.covered).all(|(&must, &is)| !must || is);
-    // Double the surge while the cluster covers it, then bisect.
-    let (mut good, mut best) = (1.0, base);
-    let mut bad = None;
-    for _ in 0..SURGE_DOUBLINGS {
-        let tried = assign_scaled(input, alloc.clone(), good * 2.0);
-        if !covers(&tried) {
-            bad = Some(good * 2.0);
-            break;
-        }
-        good *= 2.0;
-        best = tried;
-    }
-    if let Some(mut bad) = bad {
-        for _ in 0..SURGE_BISECTIONS {
-            let mid = (good + bad) / 2.0;
-            let tried = assign_scaled(input, alloc.clone(), mid);
-            if covers(&tried) {
-                good = mid;
-                best = tried;
-            } else {
-                bad = mid;
-            }
+    // The largest surge on a short ladder that the cluster still covers.
+    for scale in SURGE_LADDER {
+        let tried = assign_scaled(input, alloc.clone(), scale);
+        if covers(&tried) {
+            return tried.chosen;
         }
     }
-    best.chosen
+    base.chosen
 }
 
-/// The surge search: up to 2^6 = 64x the observed demand, then the
-/// largest covered scale to within (64/2^6)/2^4 of itself.
-const SURGE_DOUBLINGS: usize = 6;
-const SURGE_BISECTIONS: usize = 4;
+/// Surges tried, largest first (each a re-plan): headroom for a burst of
+/// 4x the observed mix, else 2x, else 1.4x.
+const SURGE_LADDER: [f64; 3] = [4.0, 2.0, 1.4];
 
 struct Outcome {
     chosen: Vec<Chosen>,
