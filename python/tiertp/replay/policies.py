@@ -28,7 +28,8 @@ SWEPT: dict[str, tuple[str, ...]] = {
     "llumnix": ("tp",),
     "chiron": ("tp",),
     # The ceiling searches plans with hindsight: its own loop over every TP
-    # level, and every static level (WITH_OWN_SETTINGS).
+    # level, and every static level (WITH_OWN_SETTINGS); the sweep adds
+    # every other policy's configuration (sweep._oracle_searches_all).
     "oracle": ("tp",),
 }
 # Policies whose sweep also includes a run with the policy's own settings.
@@ -92,4 +93,4 @@ def variants(policy: str, gpus: int, gpus_per_node: int, tp_levels: list[int]) -
 
 def label(settings: dict) -> str:
     """`tp=2,prefill_share=0.5`; `default` for a policy's own settings."""
-    return ",".join(f"{k}={v:g}" for k, v in settings.items()) or "default"
+    return ",".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in settings.items()) or "default"

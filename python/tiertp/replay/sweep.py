@@ -4,6 +4,7 @@ among the settings that serve every tier)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,28 @@ def _better(a: RunOutcome, b: RunOutcome) -> bool:
     if a.metrics.fair != b.metrics.fair:
         return a.metrics.fair
     return a.metrics.goodput_rps > b.metrics.goodput_rps
+
+
+ORACLE = "oracle"
+
+
+def _oracle_searches_all(per_policy: dict[str, PolicyAtLoad]) -> None:
+    """The oracle is the hindsight ceiling: the best of its own runs (the
+    control loop fed the next window's true load, free switches, at every
+    TP set) and of every configuration any other policy ran at this load
+    (each at its best setting), so it is at or above every policy that
+    serves every tier. A configuration it takes from another policy is
+    labelled `via=<policy> <setting>`."""
+    oracle = per_policy.get(ORACLE)
+    if oracle is None or oracle.best is None:
+        return
+    for policy, entry in per_policy.items():
+        if policy == ORACLE or entry.best is None:
+            continue
+        via = {"via": f"{policy} {label(entry.best.settings)}"}
+        oracle.tried[label(via)] = entry.best.metrics.goodput_rps
+        if _better(entry.best, oracle.best):
+            oracle.best = dataclasses.replace(entry.best, policy=ORACLE, settings=via)
 
 
 def plan_runs(policies: list[str], ctx: SimContext) -> list[tuple[str, dict]]:
@@ -80,6 +103,7 @@ def run_sweep(ctx: SimContext, loads: list[Load], policies: list[str],
             entry.tried[label(settings)] = outcome.metrics.goodput_rps
             if entry.best is None or _better(outcome, entry.best):
                 entry.best = outcome
+        _oracle_searches_all(per_policy)
         for policy, entry in per_policy.items():
             if entry.best is None:
                 raise ValueError(f"policy {policy}: every setting was refused at {load.offered_rps:.2f} req/s: {entry.tried}")

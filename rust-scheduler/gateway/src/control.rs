@@ -239,12 +239,11 @@ impl Control {
             Admission::Shed { reason, retry_after_s } => {
                 self.metrics.tiers[tier].shed.fetch_add(1, Ordering::Relaxed);
                 let retry = retry_after_s.ceil().max(1.0) as u64;
-                Err(match reason {
-                    ShedReason::NoCapacity => ApiError::NoCapacity(
-                        s.control
-                            .planner_note()
-                            .map_or_else(|| "no live GPU can take the request".into(), str::to_string),
-                    ),
+                let all_down = s.control.plan().groups.iter().all(|g| down.contains(&g.key()));
+                Err(match (reason, s.control.planner_note()) {
+                    // No GPU to plan over, or none up: not a matter of load.
+                    (ShedReason::NoCapacity, Some(note)) => ApiError::NoCapacity(note.to_string()),
+                    (ShedReason::NoCapacity, None) if all_down => ApiError::NoCapacity("no live GPU can take the request".into()),
                     _ => ApiError::Overloaded {
                         message: format!(
                             "tier {:?} is at its SLO capacity ({}); retry after {retry} s",
