@@ -268,14 +268,15 @@ impl Dispatcher {
             let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
             return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Background));
         }
-        let own: Vec<usize> = self.tier_prefill[tier].iter().copied().filter(up).collect();
-        if own.is_empty() {
+        if !self.tier_prefill[tier].iter().any(up) {
             let fitting = self.all_prefill.iter().copied().filter(up).filter(room);
             let best = least_full(slots, fitting).ok_or(DispatchError::NoCapacity("this tier's"))?;
             return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::BestEffort));
         }
-        let fitting = own
-            .into_iter()
+        let fitting = self.tier_prefill[tier]
+            .iter()
+            .copied()
+            .filter(up)
             .filter(|&i| prefill_groups || slots[i].role != Role::Prefill)
             .filter(|i| room(i));
         let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
