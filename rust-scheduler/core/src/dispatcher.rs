@@ -344,13 +344,6 @@ impl Dispatcher {
         self.in_flight.get(&request_id).map(|c| c.tier)
     }
 
-    /// Whether some decode group of `tier` has a free slot.
-    pub fn decode_slot_free(&self, tier: TierId) -> bool {
-        self.tier_decode
-            .get(tier)
-            .is_some_and(|v| v.iter().any(|&i| self.slots[i].load.slots < self.slots[i].slot_budget))
-    }
-
     /// Returns everything the request holds; its prompt tokens returned.
     pub fn complete(&mut self, request_id: u64) -> Result<u64, DispatchError> {
         let c = self

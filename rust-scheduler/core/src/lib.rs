@@ -17,5 +17,7 @@ pub mod planner;
 pub mod profile;
 pub mod stats;
 pub mod switch_cost;
+#[cfg(test)]
+mod test_support;
 pub mod tiers;
 pub mod topology;

@@ -64,6 +64,12 @@ pub struct Tier {
 }
 
 impl Tier {
+    /// When a request arriving at `arrival_s` must start prefilling to meet
+    /// the TTFT (infinite without one): the batch policy's deadline.
+    pub fn ttft_deadline(&self, arrival_s: f64) -> f64 {
+        self.ttft_ms.map_or(f64::INFINITY, |ms| arrival_s + ms / 1e3)
+    }
+
     pub fn slo_tier(name: &str, ttft_ms: f64, tpot_ms: f64, weight: f64) -> Self {
         Self {
             name: name.to_string(),

@@ -168,7 +168,7 @@ impl Control {
     /// a tier without one.
     pub fn start_within_s(&self, tier: TierId, arrival: Instant) -> Option<f64> {
         // The core's deadline, counted from the arrival.
-        let from_arrival = self.state.lock().unwrap().control.ttft_deadline(tier, 0.0);
+        let from_arrival = self.tiers.tiers()[tier].ttft_deadline(0.0);
         from_arrival
             .is_finite()
             .then(|| (from_arrival - arrival.elapsed().as_secs_f64()).max(0.0))
@@ -215,13 +215,9 @@ impl Control {
             .collect();
         down.extend_from_slice(exclude);
         let now = self.now_s();
-        let admission = if first && down.is_empty() {
-            s.control.admit(id, tier, prompt_tokens, max_tokens, now)
+        let admission = if first {
+            s.control.admit(id, tier, prompt_tokens, max_tokens, now, &down)
         } else {
-            if first {
-                // Recorded as an arrival all the same.
-                let _ = s.control.admit(id, tier, prompt_tokens, max_tokens, now);
-            }
             s.control.readmit(id, tier, prompt_tokens, &down)
         };
         match admission.map_err(|e| ApiError::Internal(e.to_string()))? {

@@ -32,12 +32,8 @@ impl HandoffQueue {
         self.per_tier[tier].len()
     }
 
-    pub fn len(&self) -> usize {
-        self.per_tier.iter().map(VecDeque::len).sum()
-    }
-
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.per_tier.iter().all(VecDeque::is_empty)
     }
 
     pub fn tiers_waiting(&self) -> impl Iterator<Item = TierId> + '_ {

@@ -167,10 +167,6 @@ impl ControlLoop {
         &self.tiers
     }
 
-    pub fn config(&self) -> &ControlConfig {
-        &self.config
-    }
-
     /// The planner over the live GPUs, if there is one.
     pub fn planner(&self) -> Option<&Planner> {
         self.planner.as_ref()
@@ -179,10 +175,6 @@ impl ControlLoop {
     /// Why there is no planner (no GPU up, no TP level fits them).
     pub fn planner_note(&self) -> Option<&str> {
         self.planner_note.as_deref()
-    }
-
-    pub fn cluster(&self) -> &Cluster {
-        &self.cluster
     }
 
     pub fn dispatcher(&self) -> &Dispatcher {
@@ -195,10 +187,6 @@ impl ControlLoop {
 
     pub fn plan_id(&self) -> u64 {
         self.plan_id
-    }
-
-    pub fn handoffs_waiting(&self) -> usize {
-        self.handoffs.len()
     }
 
     /// Plans from now on over the GPUs that are `up` only (a health
@@ -243,13 +231,22 @@ impl ControlLoop {
     /// When a request arriving at `arrival_s` must start prefilling to meet
     /// its TTFT (infinite for a background tier): its batch-policy deadline.
     pub fn ttft_deadline(&self, tier: TierId, arrival_s: f64) -> f64 {
-        self.tiers.tiers()[tier].ttft_ms.map_or(f64::INFINITY, |ms| arrival_s + ms / 1e3)
+        self.tiers.tiers()[tier].ttft_deadline(arrival_s)
     }
 
     /// A new request: recorded for the planner, then placed on a group of
-    /// its tier or shed. `max_tokens` is what the client asked for (the
-    /// planner's output-length signal).
-    pub fn admit(&mut self, id: u64, tier: TierId, prompt_tokens: u32, max_tokens: u32, now_s: f64) -> Result<Admission, DispatchError> {
+    /// its tier (never one in `down`: failed or unreachable) or shed.
+    /// `max_tokens` is what the client asked for (the planner's
+    /// output-length signal).
+    pub fn admit(
+        &mut self,
+        id: u64,
+        tier: TierId,
+        prompt_tokens: u32,
+        max_tokens: u32,
+        now_s: f64,
+        down: &[GroupKey],
+    ) -> Result<Admission, DispatchError> {
         if tier >= self.tiers.len() {
             return Err(DispatchError::UnknownTier {
                 tier,
@@ -257,7 +254,7 @@ impl ControlLoop {
             });
         }
         self.observer.record(tier, now_s, prompt_tokens, max_tokens);
-        self.place(id, tier, prompt_tokens, &[])
+        self.place(id, tier, prompt_tokens, down)
     }
 
     /// Places a request again, not a new arrival: its group stopped before
@@ -340,6 +337,9 @@ impl ControlLoop {
     }
 
     fn release(&mut self, now_s: f64) {
+        if self.handoffs.is_empty() {
+            return;
+        }
         for id in self.handoffs.take_expired(now_s) {
             let _ = self.dispatcher.complete(id);
             self.pending.shed.push(id);

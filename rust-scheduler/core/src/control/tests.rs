@@ -1,7 +1,8 @@
 use super::*;
 use crate::dispatcher::DispatchClass;
-use crate::plan::{GroupPlan, Role};
+use crate::plan::Role;
 use crate::profile::synthetic;
+use crate::test_support::{group, plan};
 use crate::tiers::Tier;
 
 fn tiers() -> TierSet {
@@ -25,27 +26,6 @@ fn control(gpus: u32) -> ControlLoop {
     .unwrap()
 }
 
-fn group(tier: usize, role: Role, first: u32, token_budget: u64, batch_cap: u32) -> GroupPlan {
-    GroupPlan {
-        tier,
-        role,
-        tp: 1,
-        first_gpu: first,
-        capacity_rps: 1.0,
-        batch_cap,
-        token_cap: 100,
-        slo_budget: token_budget,
-    }
-}
-
-fn plan(groups: Vec<GroupPlan>) -> Plan {
-    Plan {
-        num_gpus: 4,
-        groups,
-        tier_capacity_rps: vec![1.0, 1.0],
-    }
-}
-
 #[test]
 fn every_tier_starts_with_capacity() {
     let c = control(4);
@@ -61,11 +41,11 @@ fn over_budget_requests_are_shed_not_spilled() {
         group(1, Role::Colocated, 1, 100, 2),
     ]));
     let admitted = |a: Admission| matches!(a, Admission::Admitted(d) if d.class == DispatchClass::Feasible);
-    assert!(admitted(c.admit(1, 0, 60, 10, 0.0).unwrap()));
+    assert!(admitted(c.admit(1, 0, 60, 10, 0.0, &[]).unwrap()));
     // 60 + 60 tokens > 100: the chat group is at its budget; the agent's
     // idle group must not take it.
     assert_eq!(
-        c.admit(2, 0, 60, 10, 0.0).unwrap(),
+        c.admit(2, 0, 60, 10, 0.0, &[]).unwrap(),
         Admission::Shed {
             reason: ShedReason::OverBudget,
             retry_after_s: 1.0
@@ -74,11 +54,11 @@ fn over_budget_requests_are_shed_not_spilled() {
     // Its prompt prefilled, the request gives its tokens back but keeps its
     // slot: a second fits, a third does not (batch cap 2).
     assert_eq!(c.first_token(1, 0.1).unwrap(), Handoff::Stay);
-    assert!(admitted(c.admit(3, 0, 60, 10, 0.1).unwrap()));
+    assert!(admitted(c.admit(3, 0, 60, 10, 0.1, &[]).unwrap()));
     c.first_token(3, 0.2).unwrap();
-    assert!(matches!(c.admit(4, 0, 1, 10, 0.2).unwrap(), Admission::Shed { .. }));
+    assert!(matches!(c.admit(4, 0, 1, 10, 0.2, &[]).unwrap(), Admission::Shed { .. }));
     c.finish(1, 0.3);
-    assert!(admitted(c.admit(5, 0, 1, 10, 0.3).unwrap()));
+    assert!(admitted(c.admit(5, 0, 1, 10, 0.3, &[]).unwrap()));
 }
 
 #[test]
@@ -86,14 +66,14 @@ fn handoffs_wait_for_a_slot_then_are_granted_or_shed() {
     let mut c = control(4);
     c.install(plan(vec![group(0, Role::Prefill, 0, 1000, 4), group(0, Role::Decode, 1, 0, 1)]));
     for id in 1..=3 {
-        assert!(matches!(c.admit(id, 0, 10, 100, 0.0).unwrap(), Admission::Admitted(_)));
+        assert!(matches!(c.admit(id, 0, 10, 100, 0.0, &[]).unwrap(), Admission::Admitted(_)));
     }
     assert!(matches!(c.first_token(1, 0.1).unwrap(), Handoff::Move(d) if d.group_first_gpu == 1));
     assert_eq!(c.first_token(2, 0.1).unwrap(), Handoff::Wait);
     assert_eq!(c.first_token(3, 0.1).unwrap(), Handoff::Wait);
     // While hand-offs wait, the tier's prefill groups take no new work.
     assert_eq!(
-        c.admit(4, 0, 10, 100, 0.1).unwrap(),
+        c.admit(4, 0, 10, 100, 0.1, &[]).unwrap(),
         Admission::Shed {
             reason: ShedReason::DecodeBacklog,
             retry_after_s: 1.0
@@ -116,7 +96,7 @@ fn windows_commit_plans_and_bump_the_id_only_on_change() {
     let before = c.plan_id();
     for k in 0..40 {
         let t = f64::from(k) * 0.05;
-        let _ = c.admit(k as u64, 0, 500, 100, t).unwrap();
+        let _ = c.admit(k as u64, 0, 500, 100, t, &[]).unwrap();
     }
     let out = c.window(2.0, None).unwrap();
     assert!(out.stats[0].arrival_rate > 0.0);

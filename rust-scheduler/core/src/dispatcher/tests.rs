@@ -1,5 +1,6 @@
 use super::*;
 use crate::plan::GroupPlan;
+use crate::test_support::{self, plan};
 use crate::tiers::Tier;
 
 fn tiers() -> TierSet {
@@ -10,25 +11,9 @@ fn tiers() -> TierSet {
     .unwrap()
 }
 
+/// A TP1 group with an 8-request batch cap.
 fn group(tier: usize, role: Role, first: u32, budget: u64) -> GroupPlan {
-    GroupPlan {
-        tier,
-        role,
-        tp: 1,
-        first_gpu: first,
-        capacity_rps: 1.0,
-        batch_cap: 8,
-        token_cap: 1000,
-        slo_budget: budget,
-    }
-}
-
-fn plan(groups: Vec<GroupPlan>) -> Plan {
-    Plan {
-        num_gpus: 8,
-        groups,
-        tier_capacity_rps: vec![1.0, 1.0],
-    }
+    test_support::group(tier, role, first, budget, 8)
 }
 
 #[test]

@@ -162,10 +162,6 @@ impl Planner {
         self.config.switch_cost.unwrap_or_else(|| SwitchCost::for_profile(&self.profile))
     }
 
-    pub fn config(&self) -> &PlannerConfig {
-        &self.config
-    }
-
     /// TP levels in use: profile ∩ config ∩ node sizes.
     pub fn tp_levels(&self) -> &[u32] {
         &self.tp_levels

@@ -56,10 +56,11 @@ pub trait Policy {
         false
     }
 
-    /// When a request must start prefilling to still meet its TTFT.
+    /// When a request must start prefilling to still meet its TTFT (the
+    /// core's rule, `Tier::ttft_deadline`).
     fn deadline(&self, ctx: &Ctx, i: u32) -> f64 {
         let r = &ctx.reqs[i as usize];
-        ctx.tiers.tiers()[r.tier].ttft_ms.map_or(f64::INFINITY, |ms| r.arrival_s + ms / 1e3)
+        ctx.tiers.tiers()[r.tier].ttft_deadline(r.arrival_s)
     }
 
     /// Switch stop time for this policy's mechanism.

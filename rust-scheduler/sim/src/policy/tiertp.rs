@@ -143,11 +143,6 @@ impl Policy for Tiertp {
         true
     }
 
-    fn deadline(&self, ctx: &Ctx, i: u32) -> f64 {
-        let r = &ctx.reqs[i as usize];
-        self.control.ttft_deadline(r.tier, r.arrival_s)
-    }
-
     fn switch_ms(&self, _ctx: &Ctx) -> f64 {
         self.switch.stop_ms
     }
@@ -176,7 +171,7 @@ impl Policy for Tiertp {
         let r = &ctx.reqs[i as usize];
         // The trace's output length stands for the client's max_tokens (live
         // replay sends exactly that).
-        match self.control.admit(u64::from(i), r.tier, r.prompt_tokens, r.output_tokens, now) {
+        match self.control.admit(u64::from(i), r.tier, r.prompt_tokens, r.output_tokens, now, &[]) {
             Ok(a) => Self::admission(a),
             Err(_) => Route::Reject,
         }
