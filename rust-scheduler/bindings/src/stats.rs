@@ -55,19 +55,28 @@ pub struct ArrivalObserver {
 #[pymethods]
 impl ArrivalObserver {
     /// Rates are the larger of the last `horizon_s` and the last `memory_s`
-    /// (default: `horizon_s`, no memory).
+    /// (default: `horizon_s`, no memory); the rate's shape counts arrivals
+    /// per `window_s` (default: the control loop's window).
     #[new]
-    #[pyo3(signature = (tiers, horizon_s, prior, memory_s = None))]
-    fn new(tiers: Py<TierSet>, horizon_s: f64, prior: TierStats, memory_s: Option<f64>, py: Python<'_>) -> PyResult<Self> {
+    #[pyo3(signature = (tiers, horizon_s, prior, memory_s = None, window_s = None))]
+    fn new(
+        tiers: Py<TierSet>,
+        horizon_s: f64,
+        prior: TierStats,
+        memory_s: Option<f64>,
+        window_s: Option<f64>,
+        py: Python<'_>,
+    ) -> PyResult<Self> {
         let memory_s = memory_s.unwrap_or(horizon_s);
-        for (name, v) in [("horizon_s", horizon_s), ("memory_s", memory_s)] {
+        let window_s = window_s.unwrap_or(tiertp_scheduler::control::ControlConfig::default().window_s);
+        for (name, v) in [("horizon_s", horizon_s), ("memory_s", memory_s), ("window_s", window_s)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(plan_err(format!("{name} = {v}: must be a finite number > 0")));
             }
         }
         let n = tiers.borrow(py).inner.len();
         Ok(Self {
-            inner: core::ArrivalObserver::new(n, horizon_s, memory_s, prior.inner),
+            inner: core::ArrivalObserver::new(n, horizon_s, memory_s, window_s, prior.inner),
             tiers,
         })
     }

@@ -15,6 +15,7 @@ pub mod live_view;
 pub mod plan;
 pub mod planner;
 pub mod profile;
+pub mod rate_shape;
 pub mod stats;
 pub mod switch_cost;
 #[cfg(test)]

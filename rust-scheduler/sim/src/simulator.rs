@@ -122,6 +122,7 @@ pub fn simulate(
             tiers.len(),
             defaults.horizon_windows * settings.window_s,
             settings.demand_memory_s,
+            settings.window_s,
             defaults.prior(),
         ),
         bytes_per_token: profile.kv_bytes_per_token.unwrap_or(0) as f64,

@@ -144,7 +144,7 @@ impl ControlLoop {
         let plan = planner.step(&idle)?.plan;
         let up = vec![true; cluster.num_gpus() as usize];
         let view = LiveView::new(cluster.node_sizes(), &up);
-        let observer = ArrivalObserver::new(tiers.len(), config.horizon_s(), config.memory_s, config.prior());
+        let observer = ArrivalObserver::new(tiers.len(), config.horizon_s(), config.memory_s, config.window_s, config.prior());
         Ok(Self {
             dispatcher: Dispatcher::new(&tiers, &plan),
             handoffs: HandoffQueue::new(tiers.len()),

@@ -18,13 +18,14 @@ pub fn tier_capacities(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
     parts.into_iter().map(|(c, p, d): (f64, f64, f64)| c + p.min(d)).collect()
 }
 
-/// Weighted goodput the plan can deliver: Σ_t weight_t · min(λ_t, capacity_t).
+/// Weighted goodput the plan can deliver: Σ_t weight_t · E[min(λ_t,
+/// capacity_t)] over the tier's rate variation (`TierStats::served`).
 pub fn objective(tiers: &[Tier], estimates: &[TierEstimate], plan: &Plan) -> f64 {
     tiers
         .iter()
         .zip(estimates)
         .zip(&plan.tier_capacity_rps)
-        .map(|((t, e), &cap)| t.weight * e.stats.arrival_rate.min(cap))
+        .map(|((t, e), &cap)| t.weight * e.stats.served(1.0, cap))
         .sum()
 }
 

@@ -2,9 +2,14 @@
 //!
 //! Phases, each repeatedly taking the best next TP group while GPUs remain:
 //! 0. every tier with demand gets one group, smallest feasible first, with
-//!    one GPU held back for each tier still waiting, so no tier starves;
-//! 1. SLO tiers with unmet demand: score = min(gain, unmet) / GPUs, times
-//!    the tier's weight and its unmet demand (the fairness weight);
+//!    the GPUs of its smallest SLO-capable group (a prefill+decode pair, or
+//!    one colocated group) held back for each tier still waiting, so no
+//!    tier starves;
+//! 1. SLO tiers with unmet demand: score = served gain / GPUs, times the
+//!    tier's weight and its unmet demand (the fairness weight). Served is
+//!    E[min(rate, capacity)] over the tier's observed window-to-window rate
+//!    variation (`rate_shape`): capacity beyond a steady tier's demand, or
+//!    beyond a bursty tier's typical window, serves little;
 //! 2. background tiers with unmet demand, scored the same way;
 //! 3. leftovers: headroom to the tier with the least capacity per unit of
 //!    weighted demand, using its most GPU-efficient move.
@@ -65,6 +70,8 @@ struct State<'a> {
     chosen: Vec<Chosen>,
     /// Factor on every tier's demand (a uniform surge; 1 = as observed).
     scale: f64,
+    /// Each tier's weight, raised for a tier the fairness floor protects.
+    weights: &'a [f64],
 }
 
 impl<'a> State<'a> {
@@ -82,8 +89,41 @@ impl<'a> State<'a> {
         self.input.estimates[tier].stats.arrival_rate * self.scale
     }
 
+    /// Requests per second a capacity serves of the tier's (scaled) demand,
+    /// its window-to-window variation included (`TierStats::served`).
+    fn served(&self, tier: usize, capacity: f64) -> f64 {
+        self.input.estimates[tier].stats.served(self.scale, capacity)
+    }
+
+    /// Demand the tier's capacity does not serve.
     fn unmet(&self, tier: usize) -> f64 {
-        (self.demand(tier) - self.caps[tier].total()).max(0.0)
+        (self.demand(tier) - self.served(tier, self.caps[tier].total())).max(0.0)
+    }
+
+    /// Whether the tier is planned below its fairness floor (see `assign`).
+    fn short_of_fair_floor(&self, tier: usize) -> bool {
+        let n = self.input.tiers.len();
+        let total_demand: f64 = (0..n).map(|t| self.demand(t)).sum();
+        if total_demand <= 0.0 {
+            return false;
+        }
+        let share = self.demand(tier) / total_demand;
+        if share < FAIR_MIN_SHARE {
+            return false;
+        }
+        let total_served: f64 = (0..n).map(|t| self.served(t, self.caps[t].total())).sum();
+        self.served(tier, self.caps[tier].total()) < FAIR_PLANNED_FRACTION * share * total_served - 1e-9
+    }
+
+    /// Whether the unserved part is within `COVERED_SHORTFALL` of demand.
+    fn covered(&self, tier: usize) -> bool {
+        self.unmet(tier) <= COVERED_SHORTFALL * self.demand(tier) + 1e-9
+    }
+
+    /// What a move's `gain` in capacity adds to the requests served.
+    fn served_gain(&self, tier: usize, gain: f64) -> f64 {
+        let c = self.caps[tier].total();
+        self.served(tier, c + gain) - self.served(tier, c)
     }
 
     fn gpus(&self, m: Move) -> u32 {
@@ -222,7 +262,7 @@ impl<'a> State<'a> {
     fn weighted_unmet_score(&self, t: usize, m: Move, gain: f64) -> f64 {
         let unmet = self.unmet(t);
         let fairness = if self.input.fairness_weighting { unmet } else { 1.0 };
-        self.input.tiers[t].weight * fairness * gain.min(unmet) / f64::from(self.gpus(m))
+        self.weights[t] * fairness * self.served_gain(t, gain) / f64::from(self.gpus(m))
     }
 }
 
@@ -234,24 +274,51 @@ impl<'a> State<'a> {
 /// spread over tiers and stages in proportion and built from the groups
 /// that are efficient at that load (e.g. a TP2 decode group rather than two
 /// TP1 ones that only fit today's rate): bursts meet capacity, not a queue.
+///
+/// Fairness floor: goodput alone would give every GPU to the tier that is
+/// cheapest to serve. While a tier with at least `FAIR_MIN_SHARE` of the
+/// requests is planned below `FAIR_PLANNED_FRACTION` of its proportional
+/// share of the served total (share = its requests / all requests), its
+/// moves come first (see `short_of_fair_floor`).
 pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
-    let base = assign_scaled(input, alloc.clone(), 1.0);
+    let weights: Vec<f64> = input.tiers.iter().map(|t| t.weight).collect();
+    assign_weighted(input, alloc, &weights).0
+}
+
+/// The report's fairness rule judges tiers with >= 10% of the requests at
+/// 0.25x their proportional goodput; the plan aims at twice that, since
+/// the estimates of different tiers err differently (a tier of short
+/// prompts admitted first under overload delivers above its estimate).
+pub const FAIR_MIN_SHARE: f64 = 0.10;
+pub const FAIR_PLANNED_FRACTION: f64 = 0.5;
+
+/// Score factor that puts a tier short of the fairness floor first.
+const FLOOR_PRIORITY: f64 = 1e6;
+
+/// One greedy plan under `weights`; also each tier's planned served rate
+/// at the observed demand.
+fn assign_weighted(input: &GreedyInput, alloc: Allocator, weights: &[f64]) -> (Vec<Chosen>, Vec<f64>) {
+    let base = assign_scaled(input, alloc.clone(), 1.0, weights);
     let must_cover = base.covered.clone();
     // Only when the observed demand is covered: short of GPUs, the plan for
     // today's demand is the one to run.
     if base.gpus_used == 0 || must_cover.contains(&false) {
-        return base.chosen;
+        return (base.chosen, base.served);
     }
     let covers = |o: &Outcome| must_cover.iter().zip(&o.covered).all(|(&must, &is)| !must || is);
     // The largest surge on a short ladder that the cluster still covers.
     for scale in SURGE_LADDER {
-        let tried = assign_scaled(input, alloc.clone(), scale);
+        let tried = assign_scaled(input, alloc.clone(), scale, weights);
         if covers(&tried) {
-            return tried.chosen;
+            return (tried.chosen, tried.served);
         }
     }
-    base.chosen
+    (base.chosen, base.served)
 }
+
+/// A tier counts as covered when at most this fraction of its demand goes
+/// unserved (a bursty tier's busiest windows may exceed any capacity).
+const COVERED_SHORTFALL: f64 = 0.01;
 
 /// Surges tried, largest first (each a re-plan): headroom for a burst of
 /// 4x the observed mix, else 2x, else 1.4x.
@@ -263,9 +330,12 @@ struct Outcome {
     gpus_used: u32,
     /// Per tier, whether its (scaled) demand is covered.
     covered: Vec<bool>,
+    /// Per tier, what the final plan serves of the observed (unscaled)
+    /// demand.
+    served: Vec<f64>,
 }
 
-fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
+fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64, weights: &[f64]) -> Outcome {
     let total = alloc.free_gpus();
     let mut s = State {
         input,
@@ -273,31 +343,35 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
         caps: vec![Capacity::default(); input.tiers.len()],
         chosen: Vec::new(),
         scale,
+        weights,
     };
     let moves = s.moves();
     let slo: Vec<usize> = (0..input.tiers.len()).filter(|&t| !input.tiers[t].background).collect();
     let background: Vec<usize> = (0..input.tiers.len()).filter(|&t| input.tiers[t].background).collect();
 
     phase0_one_group_each(&mut s, &slo, &background, &moves);
-    s.run(
-        &slo,
-        &moves,
-        |s, t, m, g| if s.unmet(t) > 0.0 { s.weighted_unmet_score(t, m, g) } else { 0.0 },
-    );
-    s.run(&background, &moves, |s, t, m, g| {
-        if s.unmet(t) > 0.0 {
-            s.weighted_unmet_score(t, m, g)
-        } else {
+    let score = |s: &State, t: usize, m: Move, g: f64| {
+        if s.covered(t) {
             0.0
+        } else if s.short_of_fair_floor(t) {
+            FLOOR_PRIORITY * s.weighted_unmet_score(t, m, g)
+        } else {
+            s.weighted_unmet_score(t, m, g)
         }
-    });
+    };
+    s.run(&slo, &moves, score);
+    s.run(&background, &moves, score);
     let gpus_used = total - s.alloc.free_gpus();
-    let covered = (0..input.tiers.len()).map(|t| s.unmet(t) <= 1e-9).collect();
+    let covered = (0..input.tiers.len()).map(|t| s.covered(t)).collect();
     phase3_leftovers(&mut s, &slo, &background, &moves);
+    let served = (0..input.tiers.len())
+        .map(|t| input.estimates[t].stats.served(1.0, s.caps[t].total()))
+        .collect();
     Outcome {
         chosen: s.chosen,
         gpus_used,
         covered,
+        served,
     }
 }
 
@@ -305,30 +379,57 @@ fn phase0_one_group_each(s: &mut State, slo: &[usize], background: &[usize], mov
     let by_load = |tiers: &[usize]| {
         let mut v: Vec<usize> = tiers.iter().copied().filter(|&t| s.demand(t) > 0.0).collect();
         v.sort_by(|&a, &b| {
-            let key = |t: usize| s.input.tiers[t].weight * s.demand(t);
+            let key = |t: usize| s.weights[t] * s.demand(t);
             key(b).total_cmp(&key(a)).then(a.cmp(&b))
         });
         v
     };
     let order: Vec<usize> = by_load(slo).into_iter().chain(by_load(background)).collect();
-    // With too few GPUs for every tier's smallest group, only the first
-    // `served` tiers can get one; each tier holds back a smallest group's
-    // GPUs for every served tier after it.
-    let smallest_group = s.input.tp_levels[0];
-    let served = order.len().min((s.alloc.free_gpus() / smallest_group) as usize);
+    // A lone prefill or decode group serves nothing; pairs do.
+    let serving = |m: &Move| !matches!(m, Move::Single(Role::Prefill | Role::Decode, _));
+    // The fewest GPUs that give each tier SLO capacity (a smallest group
+    // when nothing does: it is then served best effort).
+    let need: Vec<u32> = order
+        .iter()
+        .map(|&t| {
+            moves
+                .iter()
+                .filter(|m| serving(m) && s.gain(t, **m) > 0.0)
+                .map(|&m| s.gpus(m))
+                .min()
+                .unwrap_or(s.input.tp_levels[0])
+        })
+        .collect();
+    // With too few GPUs for every tier's need, the first `served` tiers get
+    // theirs and the rest a smallest group each (best effort), as many as
+    // fit; each tier holds back what the tiers after it get.
+    let smallest = s.input.tp_levels[0];
+    let free = s.alloc.free_gpus();
+    let fit = order.len().min((free / smallest) as usize);
+    let held_for = |k: usize| need.iter().take(k).sum::<u32>() + (fit - k) as u32 * smallest;
+    let served = (0..=fit).take_while(|&k| held_for(k) <= free).last().unwrap_or(0);
+    let gets: Vec<u32> = (0..order.len())
+        .map(|i| {
+            if i < served {
+                need[i]
+            } else if i < fit {
+                smallest
+            } else {
+                0
+            }
+        })
+        .collect();
     for (pos, &t) in order.iter().enumerate() {
-        let waiting_after = served.saturating_sub(pos + 1) as u32;
-        let budget = s.alloc.free_gpus().saturating_sub(waiting_after * smallest_group);
-        let demand = s.demand(t);
+        let held: u32 = gets.iter().skip(pos + 1).sum();
+        let budget = s.alloc.free_gpus().saturating_sub(held);
         let mut best: Option<((f64, f64), Move)> = None;
         for &m in moves {
-            // A lone prefill or decode group serves nothing; pairs do.
-            if matches!(m, Move::Single(Role::Prefill | Role::Decode, _)) || s.gpus(m) > budget || !s.fits(m) {
+            if !serving(&m) || s.gpus(m) > budget || !s.fits(m) {
                 continue;
             }
             let gain = s.gain(t, m);
             let gpus = f64::from(s.gpus(m));
-            let score = (gain.min(demand) / gpus, gain / gpus);
+            let score = (s.served(t, gain) / gpus, gain / gpus);
             if gain > 0.0 && best.is_none_or(|(b, _)| score > b) {
                 best = Some((score, m));
             }
@@ -356,7 +457,7 @@ fn phase3_leftovers(s: &mut State, slo: &[usize], background: &[usize], moves: &
         // Least covered first: capacity per weighted demand, or GPUs per
         // weight when nobody has demand (a fresh start spreads evenly).
         let coverage = |s: &State, t: usize| {
-            let w = s.input.tiers[t].weight;
+            let w = s.weights[t];
             if any_demand {
                 s.caps[t].total() / (w * s.demand(t))
             } else {

@@ -1,0 +1,137 @@
+//! How a tier's arrival rate varies from one control window to the next,
+//! and what that does to the goodput a given capacity can serve.
+//!
+//! A request must start within its TTFT, so a window's arrivals beyond the
+//! tier's capacity cannot wait for a quieter window: they are lost. With a
+//! rate that varies across windows as Λ (mean μ), a capacity `c` serves
+//! E[min(Λ, c)] per second, not min(μ, c). Real traces are far from steady
+//! (the Azure code trace's per-second rate has a coefficient of variation
+//! of ~1.6), so planning with the mean alone buys capacity that idles
+//! between bursts and overrates bursty tiers.
+//!
+//! The shape is the empirical distribution of per-window rates over the
+//! observer's memory, relative to their mean, kept as `POINTS` quantiles
+//! (Copy, no allocation); a steady tier has every point at 1.
+
+/// Quantile points kept per tier.
+pub const POINTS: usize = 16;
+
+/// Fewer full windows than this: too little to tell, planned as steady.
+pub const MIN_WINDOWS: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateShape {
+    /// Per-window rate / mean rate at the quantiles (i + 0.5) / POINTS,
+    /// ascending; their mean is 1.
+    points: [f64; POINTS],
+    /// Every point is 1 (the planner's hot path then takes a min).
+    steady: bool,
+}
+
+impl Default for RateShape {
+    fn default() -> Self {
+        Self::steady()
+    }
+}
+
+impl RateShape {
+    /// The same rate every window.
+    pub const fn steady() -> Self {
+        Self {
+            points: [1.0; POINTS],
+            steady: true,
+        }
+    }
+
+    /// From arrival counts of consecutive full windows; steady when there
+    /// are too few windows or no arrivals.
+    pub fn from_counts(counts: &[f64]) -> Self {
+        if counts.len() < MIN_WINDOWS {
+            return Self::steady();
+        }
+        let mut sorted: Vec<f64> = counts.iter().map(|c| c.max(0.0)).collect();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let mut points = [0.0; POINTS];
+        for (i, p) in points.iter_mut().enumerate() {
+            // Linear interpolation between order statistics.
+            let pos = ((i as f64 + 0.5) / POINTS as f64) * n as f64 - 0.5;
+            let lo = pos.floor().clamp(0.0, (n - 1) as f64) as usize;
+            let hi = (lo + 1).min(n - 1);
+            let frac = (pos - lo as f64).clamp(0.0, 1.0);
+            *p = sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
+        }
+        let mean = points.iter().sum::<f64>() / POINTS as f64;
+        if mean <= 0.0 || !mean.is_finite() {
+            return Self::steady();
+        }
+        for p in &mut points {
+            *p /= mean;
+        }
+        let steady = points.iter().all(|&p| (p - 1.0).abs() < 1e-9);
+        Self { points, steady }
+    }
+
+    pub fn is_steady(&self) -> bool {
+        self.steady
+    }
+
+    /// Coefficient of variation of the per-window rate.
+    pub fn cv(&self) -> f64 {
+        let var = self.points.iter().map(|p| (p - 1.0) * (p - 1.0)).sum::<f64>() / POINTS as f64;
+        var.sqrt()
+    }
+
+    /// Requests per second a capacity of `capacity_rps` serves when the
+    /// rate averages `mean_rps` with this shape: E[min(Λ, c)].
+    pub fn served(&self, mean_rps: f64, capacity_rps: f64) -> f64 {
+        if mean_rps <= 0.0 || capacity_rps <= 0.0 {
+            return 0.0;
+        }
+        if self.steady {
+            return mean_rps.min(capacity_rps);
+        }
+        self.points.iter().map(|p| (p * mean_rps).min(capacity_rps)).sum::<f64>() / POINTS as f64
+    }
+
+    /// The rate of the busiest windows (the top quantile point).
+    pub fn peak(&self, mean_rps: f64) -> f64 {
+        self.points[POINTS - 1] * mean_rps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steady_serves_the_smaller_of_rate_and_capacity() {
+        let s = RateShape::steady();
+        assert_eq!(s.served(10.0, 4.0), 4.0);
+        assert_eq!(s.served(10.0, 40.0), 10.0);
+        assert_eq!(s.cv(), 0.0);
+        assert!(s.is_steady());
+        assert!(RateShape::from_counts(&[5.0; 3]).is_steady(), "too few windows");
+        assert!(RateShape::from_counts(&[5.0; 20]).is_steady());
+        assert!(RateShape::from_counts(&[0.0; 20]).is_steady());
+    }
+
+    #[test]
+    fn bursts_lose_what_exceeds_capacity() {
+        // Nine quiet windows of 1 and one burst of 91: mean 10.
+        let mut counts = vec![1.0; 9];
+        counts.push(91.0);
+        let s = RateShape::from_counts(&counts);
+        assert!(s.cv() > 1.0);
+        // Capacity at the mean serves far less than the mean...
+        assert!(s.served(10.0, 10.0) < 5.0);
+        // ...more capacity always serves more, never more than the mean.
+        let mut last = 0.0;
+        for c in [1.0, 5.0, 10.0, 30.0, 60.0, 100.0, 1000.0] {
+            let x = s.served(10.0, c);
+            assert!(x >= last - 1e-12 && x <= 10.0 + 1e-9 && x <= c + 1e-9);
+            last = x;
+        }
+        assert!((s.served(10.0, 1e6) - 10.0).abs() < 1e-9);
+    }
+}
