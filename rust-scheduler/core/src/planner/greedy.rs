@@ -120,12 +120,6 @@ impl<'a> State<'a> {
         self.unmet(tier) <= COVERED_SHORTFALL * self.demand(tier) + 1e-9
     }
 
-    /// What a move's `gain` in capacity adds to the requests served.
-    fn served_gain(&self, tier: usize, gain: f64) -> f64 {
-        let c = self.caps[tier].total();
-        self.served(tier, c + gain) - self.served(tier, c)
-    }
-
     fn gpus(&self, m: Move) -> u32 {
         let tp = |i: usize| self.input.tp_levels[i];
         match m {
@@ -228,23 +222,44 @@ impl<'a> State<'a> {
     }
 
     /// Repeatedly applies the best-scoring move over `tiers`; stops when no
-    /// move has a positive score.
-    fn run(&mut self, tiers: &[usize], moves: &[Move], score: impl Fn(&Self, usize, Move, f64) -> f64) {
+    /// move has a positive score. A move's score: the requests it adds to
+    /// those served, per GPU, times the tier's weight, its unmet demand (the
+    /// fairness weight, unless disabled) and `factor` (0 leaves the tier
+    /// out; computed once per tier and step, as is everything but the
+    /// move's own gain).
+    fn run(&mut self, tiers: &[usize], moves: &[Move], factor: impl Fn(&Self, usize) -> f64) {
         let mut blocked: Vec<(usize, usize)> = Vec::new();
+        let mut fits = vec![false; moves.len()];
         loop {
+            for (f, &m) in fits.iter_mut().zip(moves) {
+                *f = self.fits(m);
+            }
             let mut best: Option<((f64, f64), usize, usize)> = None;
             for &t in tiers {
+                let k = factor(self, t);
+                if k <= 0.0 {
+                    continue;
+                }
+                let cap = self.caps[t].total();
+                let served_now = self.served(t, cap);
+                let fairness = if self.input.fairness_weighting {
+                    (self.demand(t) - served_now).max(0.0)
+                } else {
+                    1.0
+                };
+                let w = k * self.weights[t] * fairness;
                 for (mi, &m) in moves.iter().enumerate() {
-                    if blocked.contains(&(t, mi)) || !self.fits(m) {
+                    if !fits[mi] || blocked.contains(&(t, mi)) {
                         continue;
                     }
                     let gain = self.gain(t, m);
                     if gain <= 0.0 {
                         continue;
                     }
+                    let gpus = f64::from(self.gpus(m));
                     // Ties (several moves cover the unmet demand) go to the
                     // move with the most capacity per GPU.
-                    let s = (score(self, t, m, gain), gain / f64::from(self.gpus(m)));
+                    let s = (w * (self.served(t, cap + gain) - served_now) / gpus, gain / gpus);
                     if s.0 > 0.0 && best.is_none_or(|(b, _, _)| s > b) {
                         best = Some((s, t, mi));
                     }
@@ -257,12 +272,6 @@ impl<'a> State<'a> {
                 blocked.push((t, mi));
             }
         }
-    }
-
-    fn weighted_unmet_score(&self, t: usize, m: Move, gain: f64) -> f64 {
-        let unmet = self.unmet(t);
-        let fairness = if self.input.fairness_weighting { unmet } else { 1.0 };
-        self.weights[t] * fairness * self.served_gain(t, gain) / f64::from(self.gpus(m))
     }
 }
 
@@ -350,17 +359,17 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64, weights: &[f
     let background: Vec<usize> = (0..input.tiers.len()).filter(|&t| input.tiers[t].background).collect();
 
     phase0_one_group_each(&mut s, &slo, &background, &moves);
-    let score = |s: &State, t: usize, m: Move, g: f64| {
+    let factor = |s: &State, t: usize| {
         if s.covered(t) {
             0.0
         } else if s.short_of_fair_floor(t) {
-            FLOOR_PRIORITY * s.weighted_unmet_score(t, m, g)
+            FLOOR_PRIORITY
         } else {
-            s.weighted_unmet_score(t, m, g)
+            1.0
         }
     };
-    s.run(&slo, &moves, score);
-    s.run(&background, &moves, score);
+    s.run(&slo, &moves, factor);
+    s.run(&background, &moves, factor);
     let gpus_used = total - s.alloc.free_gpus();
     let covered = (0..input.tiers.len()).map(|t| s.covered(t)).collect();
     phase3_leftovers(&mut s, &slo, &background, &moves);
