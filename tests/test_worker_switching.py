@@ -1,4 +1,4 @@
-"""TP switching and prefill -> decode hand-offs driven by the node agent.
+"""TP switching, and prefill -> decode hand-offs the client tells the node agent to make.
 
 One real `tiertp worker` (tiny-llama, 3 CPU devices, TP levels 1 and 2: a
 warm process for TP1 on every device and for TP2 on devices 0-1, all of a
@@ -65,6 +65,7 @@ class Streams:
         self.client = client
         self.tokens: dict[int, list[int]] = defaultdict(list)
         self.ended: dict[int, dict] = {}
+        self.handed_off: dict[int, dict] = {}  # the answer to each `hand_off`
 
     def _take(self, m: dict) -> None:
         if m["type"] == "tokens":
@@ -75,6 +76,8 @@ class Streams:
                     self.ended[it["id"]] = it
         elif m["type"] == "error" and m.get("id") is not None:
             self.ended[m["id"]] = m
+        elif m["type"] == "handed_off":
+            self.handed_off[m["id"]] = m
         else:
             pytest.fail(f"unexpected message {m}")
 
@@ -196,10 +199,16 @@ def test_prefill_group_hands_requests_off_to_the_decode_group(client, reference,
     ids = [300 + 10 * len(prefill) + i for i in range(len(SHORT))]
     for i, prompt in zip(ids, SHORT):
         client.send(_submit(i, prompt, max_tokens=SHORT_MAX))
+    # Prefilled (a first token is out): the client decides the move, as the gateway's control loop does.
+    streams.until_tokens(ids, n=1)
+    dest = list(decode[0][2])
+    for i in ids:
+        client.send({"type": "hand_off", "id": i, "group": dest})
     streams.to_end(ids)
     assert [streams.tokens[i] for i in ids] == reference["short"].result()
-    after = _stats(streams)["moves"]
+    after = _stats(streams)["moves"]  # every hand_off is answered before this stats
     assert after["handed_off_requests"] - before["handed_off_requests"] == len(ids)
+    assert [(streams.handed_off[i]["group"], streams.handed_off[i]["ok"]) for i in ids] == [(dest, True)] * len(ids)
 
 
 def test_submit_naming_an_inactive_group_is_routed_by_tier(client, reference):

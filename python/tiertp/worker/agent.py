@@ -2,9 +2,10 @@
 execution processes behind it.
 
 One thread, one loop: poll the client socket and every execution process's
-socket, handle what arrived, then a tick (keep-alive pings, death and hang
-detection, due restarts, prefill -> decode hand-offs). Each accepted request
-ends in exactly one terminal message (see tiertp.worker.requests).
+socket, handle what arrived, make the hand-offs the client told it to, then
+a tick (keep-alive pings, death and hang detection, due restarts). Each
+accepted request ends in exactly one terminal message (see
+tiertp.worker.requests).
 
 Processes: one warm execution process per aligned TP group at every
 candidate TP level (`--tp-levels`; e.g. TP1 on each device, TP2 on each
@@ -23,9 +24,18 @@ groups it removes and adds fall into merges and splits
 the processes' instances (tiertp.worker.remote_instance): pause, KV
 migration, resume in the new group; waiting requests move as metadata. If
 any part fails, the parts done are undone, the old assignments stay and the
-plan is rejected with the reason. A request whose first token came from a
-`prefill` group is handed off (KV included) to the least loaded `decode`
-group of its tier.
+plan is rejected with the reason.
+
+Prefill -> decode hand-offs are the client's decisions (the gateway's
+control loop, tiertp.worker.hand_offs): a `hand_off` names a running
+request and the group to move it to, and the agent moves it (KV included)
+with the same mechanism, the prefill group going on with its other
+requests. A move it cannot make (the group is not active here or its
+process is not ready, the request is not running, the KV move failed) is
+answered `handed_off` with a typed failure, logged, and the request keeps
+decoding where it is. Without a `hand_off` a request never moves: one whose
+first token came from a `prefill` group decodes there to its end (e.g. a
+client without a control loop, or a tier the plan gives no decode group).
 
 Deadlines: a submit's `start_within_s` becomes a deadline on this process's
 monotonic clock at its arrival (CLOCK_MONOTONIC is system-wide, so the
@@ -49,8 +59,9 @@ import zmq
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 from tiertp.worker.groups import TpGroup, aligned_groups
+from tiertp.worker.hand_offs import Told, by_pair, refusal
 from tiertp.worker.layout_change import layout_changes
-from tiertp.worker.messages import ApplyPlan, Submit, parse_apply_plan, parse_cancel, parse_submit
+from tiertp.worker.messages import ApplyPlan, Submit, parse_apply_plan, parse_cancel, parse_hand_off, parse_submit
 from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.process import DEAD, READY, ExecProcess
 from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
@@ -89,7 +100,7 @@ class Agent:
         # at the first ready process: it hosts a store the ranks connect to).
         self.instances: dict[TpGroup, RemoteInstance] = {}
         self.switcher: Switcher | None = None
-        self._hand_offs: dict[TpGroup, list[int]] = defaultdict(list)  # prefill group -> first-token rids
+        self._hand_offs: list[Told] = []  # told by the client, made at the end of this loop pass
         # Reported in `stats`: TP switches applied / rolled back, requests handed off.
         self.moves = {"switches": 0, "rolled_back": 0, "hand_offs": 0, "handed_off_requests": 0}
         self.stores: dict = {}
@@ -149,7 +160,6 @@ class Agent:
         group = proc.group
         was_ready = proc.limits is not None
         self.instances.pop(group, None)
-        self._hand_offs.pop(group, None)
         log.error("device %d TP%d: %s; restarting it", group.first, group.tp, reason)
         where = f"device {group.first} (TP{group.tp} group {group.as_list()})"
         for req in self.requests.on_group(group):
@@ -384,32 +394,61 @@ class Agent:
             if not req.sent and proc is not None and proc.state == READY:
                 self._send_to_process(req, proc)
 
-    def _queue_hand_off(self, group: TpGroup, rid: int) -> None:
-        """`rid` just got its first token on `group`: hand it to a decode group if `group` prefills."""
-        a = self.assign.get(group.first)
-        if a is not None and a.tp_group == group and a.role == "prefill":
-            self._hand_offs[group].append(rid)
+    # ---- hand-offs (the client's decisions) --------------------------------
+
+    def _hand_off_refusal(self, req: InFlight | None, told_id: int, dest: TpGroup) -> tuple[str, str] | None:
+        return refusal(req, told_id, dest, self._active_groups(), self.instances)
+
+    def _on_hand_off(self, client: bytes, msg: dict) -> None:
+        h = parse_hand_off(msg)
+        req = self.requests.lookup(client, h.id)
+        if (problem := self._hand_off_refusal(req, h.id, h.group)) is not None:
+            self._answer_hand_off(client, h.id, h.group, *problem)
+        elif req.group == h.group:
+            self._answer_hand_off(client, h.id, h.group)  # already there: nothing to move
+        else:
+            self._hand_offs.append(Told(client, h.id, req.rid, h.group))
+
+    def _answer_hand_off(self, client: bytes, told_id: int, dest: TpGroup, failure: str | None = None,
+                         message: str | None = None) -> None:
+        if failure is not None and failure != P.NOT_RUNNING:  # not running: it ended first, nothing lost
+            log.warning("%s; the request decodes where it is", message)
+        self._to_client(client, P.handed_off(told_id, dest.as_list(), failure, message))
 
     def _run_hand_offs(self) -> None:
-        for src_group in list(self._hand_offs):
-            rids = self._hand_offs.pop(src_group)
-            src = self.instances.get(src_group)
-            tier = self.assign[src_group.first].tier
-            decode = [g for g in self._active_groups()
-                      if self.assign[g.first].role == "decode" and self.assign[g.first].tier == tier
-                      and g in self.instances]
-            rids = [r for r in rids if self.requests.get(r) is not None]
-            if src is None or not decode or not rids or self.switcher is None:
-                continue  # no decode group (yet): they finish where they are
-            dest_group = min(decode, key=lambda g: (self._load(g), g))
+        """Make the hand-offs told during this loop pass: checked again (a plan, a death or the
+        request's end may have come since), then one KV move per (source, destination) pair."""
+        told, self._hand_offs = self._hand_offs, []
+        ready = []
+        for t in told:
+            req = self.requests.get(t.rid)
+            if (problem := self._hand_off_refusal(req, t.id, t.dest)) is not None:
+                self._answer_hand_off(t.client, t.id, t.dest, *problem)
+            elif req.group == t.dest:  # a TP switch took it there meanwhile
+                self._answer_hand_off(t.client, t.id, t.dest)
+            else:
+                ready.append((req, t))
+        for (src_group, dest_group), pair in by_pair(ready).items():
+            rids = [t.rid for t in pair]
             try:
-                moved = self.switcher.hand_off(src_group, src, rids, dest_group, self.instances[dest_group])
-                if moved:
-                    self.moves["hand_offs"] += 1
-                    self.moves["handed_off_requests"] += len(moved)
-            except (ChangeFailed, RemoteOpFailed) as e:  # they keep decoding on the prefill group
-                log.warning("hand-off of %d request(s) TP%d%s -> TP%d%s failed: %s", len(rids), src_group.tp,
-                            list(src_group.devices), dest_group.tp, list(dest_group.devices), e)
+                moved = set(self.switcher.hand_off(src_group, self.instances[src_group], rids, dest_group,
+                                                   self.instances[dest_group]))
+            except (ChangeFailed, RemoteOpFailed) as e:
+                for t in pair:
+                    self._answer_hand_off(t.client, t.id, dest_group, P.MOVE_FAILED,
+                                          f"hand_off {t.id}: moving its KV from TP{src_group.tp} group "
+                                          f"{src_group.as_list()} to TP{dest_group.tp} group {dest_group.as_list()} "
+                                          f"failed and was rolled back: {e}")
+                continue
+            if moved:
+                self.moves["hand_offs"] += 1
+                self.moves["handed_off_requests"] += len(moved)
+            for t in pair:
+                if t.rid in moved:
+                    self._answer_hand_off(t.client, t.id, dest_group)
+                else:
+                    self._answer_hand_off(t.client, t.id, dest_group, P.NOT_RUNNING,
+                                          f"hand_off {t.id}: the request finished before its KV could move")
 
     def _stats(self) -> dict:
         devices = []
@@ -440,6 +479,8 @@ class Agent:
                 self._on_submit(client, msg)
             elif kind == P.CANCEL:
                 self._on_cancel(client, msg)
+            elif kind == P.HAND_OFF:
+                self._on_hand_off(client, msg)
             elif kind == P.APPLY_PLAN:
                 self._on_apply_plan(client, msg)
             elif kind == P.STATS:
@@ -475,8 +516,6 @@ class Agent:
                 per_client[req.client].append(out)
                 if item["finished"]:
                     self.requests.finish(req.rid)
-                elif req.generated == 1:
-                    self._queue_hand_off(proc.group, req.rid)
             for client, items in per_client.items():
                 self._to_client(client, {"type": P.TOKENS, "items": items})
         elif kind == "failed":

@@ -50,6 +50,14 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class HandOff:
+    """Move request `id` (prefilled, running here) to `group`: the client's decision."""
+
+    id: int
+    group: TpGroup
+
+
+@dataclass(frozen=True)
 class DevicePlan:
     """One device's assignment in an `apply_plan`."""
 
@@ -161,6 +169,12 @@ def parse_submit(msg: dict) -> Submit:
 
 def parse_cancel(msg: dict) -> Cancel:
     return Cancel(_int(_field(msg, "id", "cancel"), "id", "cancel"))
+
+
+def parse_hand_off(msg: dict) -> HandOff:
+    rid = _int(_field(msg, "id", "hand_off"), "id", "hand_off")
+    where = f"hand_off {rid}"
+    return HandOff(rid, _group(_field(msg, "group", where), "group", where))
 
 
 def parse_apply_plan(msg: dict) -> ApplyPlan:

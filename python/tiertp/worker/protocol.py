@@ -15,10 +15,20 @@ import msgspec
 from tiertp import _scheduler
 
 # Client → agent.
-SUBMIT, CANCEL, APPLY_PLAN, STATS, PING = "submit", "cancel", "apply_plan", "stats", "ping"
-CLIENT_TYPES = (SUBMIT, CANCEL, APPLY_PLAN, STATS, PING)
+SUBMIT, CANCEL, HAND_OFF, APPLY_PLAN, STATS, PING = "submit", "cancel", "hand_off", "apply_plan", "stats", "ping"
+CLIENT_TYPES = (SUBMIT, CANCEL, HAND_OFF, APPLY_PLAN, STATS, PING)
 # Agent → client.
-TOKENS, ERROR, PLAN_APPLIED, PONG = "tokens", "error", "plan_applied", "pong"
+TOKENS, ERROR, PLAN_APPLIED, HANDED_OFF, PONG = "tokens", "error", "plan_applied", "handed_off", "pong"
+
+# Why a `hand_off` was not made (the `code` of a `handed_off` with ok false);
+# the request keeps decoding where it is. UNKNOWN_GROUP: not an active group
+# here; GROUP_NOT_READY: the source or destination process cannot take part
+# in KV moves now; NOT_RUNNING: the request is not running on a process here
+# (finished, cancelled, held, or moved meanwhile); MOVE_FAILED: the KV move
+# failed and was rolled back.
+UNKNOWN_GROUP, GROUP_NOT_READY, NOT_RUNNING, MOVE_FAILED = (
+    "unknown_group", "group_not_ready", "not_running", "move_failed")
+HAND_OFF_FAILURES = (UNKNOWN_GROUP, GROUP_NOT_READY, NOT_RUNNING, MOVE_FAILED)
 
 # Error codes of `error` messages. SLO_UNATTAINABLE: shed because it could not
 # start before its deadline (the submit's `start_within_s`).
@@ -68,3 +78,11 @@ def decode(frame: bytes) -> dict[str, Any]:
 def error(code: str, message: str, request_id: int | None = None) -> dict[str, Any]:
     assert code in ERROR_CODES, code
     return {"type": ERROR, "id": request_id, "code": code, "message": message}
+
+
+def handed_off(request_id: int, group: list[int], failure: str | None = None,
+               message: str | None = None) -> dict[str, Any]:
+    """The answer to a `hand_off`: made (no `failure`), or a HAND_OFF_FAILURES code and why."""
+    assert failure is None or failure in HAND_OFF_FAILURES, failure
+    return {"type": HANDED_OFF, "id": request_id, "group": group, "ok": failure is None, "code": failure,
+            "message": message}

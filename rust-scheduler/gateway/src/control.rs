@@ -1,7 +1,8 @@
 //! The gateway's side of the control loop: I/O around the core's
 //! `ControlLoop`, which decides everything (plan, commit, admission,
-//! dispatch, shedding). Here: the wall clock, the workers' health, the
-//! mapping of GPUs to workers, and pushing plans to the agents.
+//! dispatch, hand-offs, shedding). Here: the wall clock, the workers' health,
+//! the mapping of GPUs to workers, pushing plans to the agents, and carrying
+//! out the core's hand-off decisions (`crate::handoff`).
 //!
 //! GPU health: a GPU is up when its agent is connected, answers `stats`,
 //! and does not report the device's execution process dead or starting;
@@ -10,13 +11,24 @@
 //! wakes the loop. When the set of up GPUs changes, the core plans over the
 //! live ones only (`ControlLoop::set_up`), so plans never use a dead GPU,
 //! and GPUs that come back are planned again.
+//!
+//! Hand-offs: when a request's first token arrives (`first_token`) the core
+//! says stay, move to a decode group, or wait for a decode slot. A move is
+//! sent at once to the agent holding the request (`hand_off`, naming the
+//! group in the agent's numbering); a waiting request keeps decoding where
+//! it is until the core grants it a slot (then it is moved the same way) or
+//! sheds it (then it is cancelled at its agent and its client gets 503
+//! `overloaded` with Retry-After). Grants and sheds are collected
+//! (`take_released`) whenever a request completes and every window.
+//! An agent moves KV within its node only: a move to another node's group
+//! is not sent (logged), and the request decodes where it is.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tiertp_scheduler::control::{Admission, ControlConfig as CoreConfig, ControlLoop, Handoff, ShedReason};
+use tiertp_scheduler::control::{Admission, ControlConfig as CoreConfig, ControlLoop, ShedReason};
 pub use tiertp_scheduler::plan::GroupKey;
 use tiertp_scheduler::plan::Plan;
 use tiertp_scheduler::planner::PlannerConfig;
@@ -26,6 +38,8 @@ use tiertp_scheduler::topology::Cluster;
 use tokio::sync::Notify;
 
 use crate::error::ApiError;
+pub use crate::handoff::Prefilled;
+use crate::handoff::{Holders, Order};
 use crate::metrics::Metrics;
 use crate::protocol::{DevicePlan, StatsReply};
 use crate::worker::WorkerClient;
@@ -64,6 +78,8 @@ struct State {
     /// The GPUs the core plans over.
     planned_up: Vec<bool>,
     workers: Vec<WorkerPlan>,
+    /// Where each placed request runs, for the core's hand-off decisions.
+    holders: Holders,
 }
 
 /// The control loop's clock: seconds on a monotonic scale.
@@ -130,6 +146,7 @@ impl Control {
                 suspect_until: vec![None; num_gpus as usize],
                 planned_up: all_up,
                 workers: vec![WorkerPlan::default(); workers.len()],
+                holders: Holders::default(),
             }),
             tiers,
             workers,
@@ -223,6 +240,7 @@ impl Control {
         match admission.map_err(|e| ApiError::Internal(e.to_string()))? {
             Admission::Admitted(d) => {
                 let key = d.key();
+                s.holders.placed(id, key, tier);
                 let w = self.worker_of_gpu(key.0);
                 let runs_plan = s.workers[w].applied == Some(s.control.plan_id());
                 Ok(Placement {
@@ -253,19 +271,81 @@ impl Control {
         }
     }
 
-    /// A request's first token arrived: its prompt charge comes back; the
-    /// core's hand-off decision (the agent moves the KV), `None` for a
-    /// request the loop does not hold.
-    pub fn first_token(&self, id: u64) -> Option<Handoff> {
+    /// A request's first token arrived: its prompt charge comes back and the
+    /// core decides its hand-off, which is carried out here (a move is sent
+    /// to its agent now; see `Prefilled` for a wait); `None` for a request
+    /// the loop does not hold.
+    pub fn first_token(&self, id: u64) -> Option<Prefilled> {
         let now = self.now_s();
-        self.state.lock().unwrap().control.first_token(id, now).ok()
+        let mut orders = Vec::new();
+        let prefilled = {
+            let mut s = self.state.lock().unwrap();
+            let handoff = s.control.first_token(id, now).ok()?;
+            s.holders.prefilled(id, handoff, &mut orders)
+        };
+        self.execute(orders);
+        Some(prefilled)
     }
 
-    /// The request ended (completion, failure or cancellation): what it
-    /// held comes back.
+    /// The request ended (completion, failure or cancellation), or failed
+    /// before its first token to be placed again: what it held comes back,
+    /// and the hand-offs that were waiting for it are granted (or shed, if
+    /// their wait ran out meanwhile).
     pub fn complete(&self, id: u64) {
         let now = self.now_s();
-        self.state.lock().unwrap().control.finish(id, now);
+        let mut orders = Vec::new();
+        {
+            let mut s = self.state.lock().unwrap();
+            s.control.finish(id, now);
+            s.holders.ended(id);
+            let released = s.control.take_released(now);
+            s.holders.released(released, &mut orders);
+        }
+        self.execute(orders);
+    }
+
+    /// Carries out the core's hand-off orders: a move goes to the agent
+    /// holding the request, in that agent's device numbering; a shed request
+    /// is cancelled there after its client has been given the error (so its
+    /// stream reports the shed, not a closed channel).
+    fn execute(&self, orders: Vec<Order>) {
+        for order in orders {
+            match order {
+                Order::Move { id, from, to } => {
+                    let w = self.worker_of_gpu(from.0);
+                    if self.worker_of_gpu(to.0) != w {
+                        log::warn!(
+                            "request {id}: the core moves it from group {from:?} to {to:?} on another node; \
+                             agents move KV within their node only, so it decodes where it is"
+                        );
+                        continue;
+                    }
+                    self.workers[w].hand_off(id, (to.0 - self.first_gpu[w], to.1));
+                }
+                Order::Shed { id, at, tier, notify } => {
+                    self.metrics.tiers[tier].shed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(n) = notify {
+                        let _ = n.send(self.handoff_shed_error(tier));
+                    }
+                    self.workers[self.worker_of_gpu(at.0)].cancel(id);
+                }
+            }
+        }
+    }
+
+    /// What the client of a request shed while waiting for a decode slot gets:
+    /// like an admission shed, 503 `overloaded`, worth retrying after the
+    /// next plan.
+    fn handoff_shed_error(&self, tier: TierId) -> ApiError {
+        let retry = self.window.as_secs_f64().ceil().max(1.0) as u64;
+        ApiError::Overloaded {
+            message: format!(
+                "tier {:?} is at its SLO capacity ({}): no decode slot came free within its TPOT budget; retry after {retry} s",
+                self.tiers.tiers()[tier].name,
+                ShedReason::HandoffTimeout.name()
+            ),
+            retry_after_s: retry,
+        }
     }
 
     /// A request on `key` failed with `worker_died`: its GPUs take no new
@@ -437,9 +517,11 @@ impl Control {
     }
 
     /// One control window: poll health, let the core plan (over the live
-    /// GPUs), and send the current plan to each worker that does not run it.
+    /// GPUs), carry out the hand-offs it granted or shed meanwhile, and send
+    /// the current plan to each worker that does not run it.
     pub async fn step(&self) {
         let replies = self.poll().await;
+        let mut orders = Vec::new();
         let (plan_id, per_worker, targets) = {
             let mut s = self.state.lock().unwrap();
             self.update_health(&mut s, &replies, Instant::now());
@@ -455,9 +537,14 @@ impl Control {
             }
             let before = s.control.plan_id();
             let now = self.now_s();
-            if let Err(e) = s.control.window(now, None) {
-                log::warn!("planner step failed: {e}");
-            }
+            let released = match s.control.window(now, None) {
+                Ok(outcome) => outcome.released,
+                Err(e) => {
+                    log::warn!("planner step failed: {e}");
+                    s.control.take_released(now)
+                }
+            };
+            s.holders.released(released, &mut orders);
             if s.control.plan_id() != before {
                 self.metrics.plan_changes.fetch_add(1, Ordering::Relaxed);
             }
@@ -470,6 +557,7 @@ impl Control {
                 .collect();
             (plan_id, self.device_plans(s.control.plan()), targets)
         };
+        self.execute(orders);
         self.send_plan(plan_id, per_worker, &targets).await;
     }
 

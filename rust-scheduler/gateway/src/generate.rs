@@ -1,14 +1,17 @@
 //! One request's life after admission: place it, submit it, follow its token
 //! stream, re-dispatch it when its worker or device dies before the first
-//! token (reporting the failure to the control loop), and turn token ids
-//! into text with stop strings. Dropping a `Running` (client
-//! gone, error, timeout) cancels it on the worker and returns its bandwidth.
+//! token (reporting the failure to the control loop), report its first token
+//! (the control loop hands it off; a wait for a decode slot may be shed,
+//! which ends the stream with 503 `overloaded`), and turn token ids into
+//! text with stop strings. Dropping a `Running` (client gone, error,
+//! timeout) cancels it on the worker and returns its bandwidth.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tiertp_scheduler::tiers::TierId;
+use tokio::sync::oneshot;
 
 use crate::admission::Permit;
 use crate::control::{Control, GroupKey};
@@ -40,6 +43,9 @@ pub struct Running {
     /// The group the request runs on now.
     group: GroupKey,
     rx: TokenStream,
+    /// While it waits for a decode slot: the control loop's word if the
+    /// wait is shed (it is then already cancelled at its worker).
+    shed: Option<oneshot::Receiver<ApiError>>,
     /// Groups tried so far (one per attempt).
     tried: Vec<GroupKey>,
     max_attempts: u32,
@@ -96,6 +102,7 @@ impl Running {
             worker,
             group,
             rx,
+            shed: None,
             tried,
             max_attempts,
             timeout,
@@ -122,7 +129,22 @@ impl Running {
     /// final piece (non-streaming without stop strings: one decode).
     pub async fn next(&mut self, decode_each: bool) -> Result<Piece, ApiError> {
         loop {
-            let event = match tokio::time::timeout(self.timeout, self.rx.recv()).await {
+            // A shed comes first: the control loop cancels the request at its
+            // worker right after telling it, which closes the stream.
+            let received = tokio::select! {
+                biased;
+                e = shed_notice(&mut self.shed) => Err(e),
+                r = tokio::time::timeout(self.timeout, self.rx.recv()) => Ok(r),
+            };
+            let received = match received {
+                Ok(r) => r,
+                Err(shed) => {
+                    // Counted as shed by the control loop, not as an error.
+                    self.done = true;
+                    return Err(shed);
+                }
+            };
+            let event = match received {
                 Ok(Some(e)) => e,
                 Ok(None) => TokenEvent::Failed(crate::worker::WorkerError::Died {
                     worker: self.worker.name().to_string(),
@@ -166,7 +188,9 @@ impl Running {
                 } => {
                     if !tokens.is_empty() && self.first_token.is_none() {
                         self.first_token = Some(Instant::now());
-                        self.control.first_token(self.request.id);
+                        if let Some(p) = self.control.first_token(self.request.id) {
+                            self.shed = p.shed;
+                        }
                     }
                     self.tokens.extend_from_slice(&tokens);
                     if !finished && !decode_each && self.stop.is_empty() {
@@ -266,6 +290,20 @@ impl Running {
     fn worker_still_running(&self) -> bool {
         !self.rx.is_closed()
     }
+}
+
+/// The error of a request whose wait for a decode slot the control loop
+/// shed; never ready for a request that does not wait (or was granted one).
+async fn shed_notice(rx: &mut Option<oneshot::Receiver<ApiError>>) -> ApiError {
+    if let Some(r) = rx.as_mut() {
+        let got = r.await;
+        // A finished receiver must not be polled again.
+        *rx = None;
+        if let Ok(e) = got {
+            return e;
+        }
+    }
+    std::future::pending().await
 }
 
 /// Tells the control loop about a failure that says a GPU or worker is down.

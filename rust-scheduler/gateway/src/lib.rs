@@ -9,6 +9,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod generate;
+pub mod handoff;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;

@@ -45,6 +45,13 @@ pub enum ClientMsg {
     Cancel {
         id: u64,
     },
+    /// Moves a prefilled request (its KV) to `group`, a TP group of the same
+    /// agent in its own device numbering: the control loop's decision. The
+    /// agent answers `handed_off`; the request's stream goes on either way.
+    HandOff {
+        id: u64,
+        group: (u32, u32),
+    },
     ApplyPlan {
         plan_id: u64,
         devices: Vec<DevicePlan>,
@@ -113,6 +120,47 @@ pub struct StatsReply {
     pub plan_id: Option<u64>,
 }
 
+/// Why an agent did not make a hand-off it was told to make; the request
+/// keeps decoding where it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandOffFailure {
+    /// The group is not one of the agent's active groups (e.g. the agent
+    /// runs another plan).
+    UnknownGroup,
+    /// The source or destination group's process is not ready or cannot
+    /// take part in KV moves.
+    GroupNotReady,
+    /// The request is not running there: finished, cancelled, not started
+    /// on a process yet, or moved meanwhile.
+    NotRunning,
+    /// The KV move failed and was rolled back.
+    MoveFailed,
+}
+
+impl HandOffFailure {
+    pub fn name(self) -> &'static str {
+        match self {
+            HandOffFailure::UnknownGroup => "unknown_group",
+            HandOffFailure::GroupNotReady => "group_not_ready",
+            HandOffFailure::NotRunning => "not_running",
+            HandOffFailure::MoveFailed => "move_failed",
+        }
+    }
+}
+
+/// The answer to a `hand_off`: `code` and `message` say why when not `ok`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HandedOff {
+    pub id: u64,
+    pub group: (u32, u32),
+    pub ok: bool,
+    #[serde(default)]
+    pub code: Option<HandOffFailure>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentMsg {
@@ -126,6 +174,7 @@ pub enum AgentMsg {
         message: String,
     },
     PlanApplied(PlanApplied),
+    HandedOff(HandedOff),
     Stats(StatsReply),
     Pong,
 }
@@ -179,6 +228,8 @@ mod tests {
             start_within_s: Some(0.25),
         };
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
+        let m = ClientMsg::HandOff { id: 7, group: (2, 2) };
+        assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
         for m in [
             AgentMsg::Pong,
             AgentMsg::PlanApplied(PlanApplied {
@@ -206,6 +257,18 @@ mod tests {
             };
             assert_eq!(s.devices[0].is_ready(), ready, "{state}");
         }
+        // What a Python agent answers to a hand-off it could not make.
+        let failed = serde_json::json!({"type": "handed_off", "id": 7, "group": [2, 2], "ok": false, "code": "unknown_group",
+            "message": "group [2, 2] is not active here"});
+        let AgentMsg::HandedOff(h) = decode::<AgentMsg>(&encode(&failed)).unwrap() else {
+            panic!()
+        };
+        assert_eq!((h.ok, h.code, h.group), (false, Some(HandOffFailure::UnknownGroup), (2, 2)));
+        let done = serde_json::json!({"type": "handed_off", "id": 7, "group": [2, 2], "ok": true, "code": null, "message": null});
+        assert!(matches!(
+            decode::<AgentMsg>(&encode(&done)).unwrap(),
+            AgentMsg::HandedOff(HandedOff { ok: true, code: None, .. })
+        ));
         let tokens = serde_json::json!({"type": "tokens", "items": [{"id": 1, "tokens": [5], "finished": false}]});
         assert!(matches!(decode::<AgentMsg>(&encode(&tokens)).unwrap(), AgentMsg::Tokens { .. }));
         // The map carries "type", as the Python agent expects.

@@ -37,6 +37,7 @@ impl WorkerClient for AcceptingWorker {
         unreachable!("the replay drives the control path, not the workers")
     }
     fn cancel(&self, _id: u64) {}
+    fn hand_off(&self, _id: u64, _group: (u32, u32)) {}
     async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
         Ok(PlanApplied {
             plan_id,
@@ -134,11 +135,12 @@ async fn the_gateway_decides_what_the_simulator_decided() {
             }
             ControlEvent::FirstToken { time_s, request } => {
                 set_time(*time_s);
-                assert_eq!(control.first_token(u64::from(*request)), Some(Handoff::Stay), "request {request}");
+                let got = control.first_token(u64::from(*request)).map(|p| p.handoff);
+                assert_eq!(got, Some(Handoff::Stay), "request {request}");
             }
             ControlEvent::Handoff { time_s, request, route } => {
                 set_time(*time_s);
-                let got = control.first_token(u64::from(*request));
+                let got = control.first_token(u64::from(*request)).map(|p| p.handoff);
                 let same = match (route, got) {
                     (None, Some(Handoff::Stay)) | (Some(Route::Wait), Some(Handoff::Wait)) => true,
                     (Some(Route::To(key, _)), Some(Handoff::Move(d))) => *key == d.key(),

@@ -6,7 +6,10 @@
 //! `revive_device`: their requests fail with `worker_died` and `stats`
 //! reports them `dead`, as an agent whose execution process died); `kill`
 //! drops the socket, as when the whole agent dies, and `restart_at` brings
-//! an agent back on the same endpoint.
+//! an agent back on the same endpoint. A `hand_off` is recorded and
+//! answered as an agent would: the running request moves to the group
+//! named when the applied plan has it (any group of its devices before a
+//! plan), else `unknown_group`; its tokens keep coming either way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +21,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::protocol::{self, codes, device_states, AgentMsg, ClientMsg, DevicePlan, DeviceStats, PlanApplied, StatsReply, TokenItem};
+use crate::protocol::{
+    self, codes, device_states, AgentMsg, ClientMsg, DevicePlan, DeviceStats, HandOffFailure, HandedOff, PlanApplied, StatsReply, TokenItem,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MockConfig {
@@ -49,6 +54,7 @@ pub struct MockCounters {
     pub cancels: AtomicU64,
     pub failures: AtomicU64,
     pub plans: AtomicU64,
+    pub hand_offs: AtomicU64,
 }
 
 type Outbox = mpsc::UnboundedSender<(Bytes, AgentMsg)>;
@@ -67,6 +73,8 @@ struct Devices {
     /// Submits per device (the first device of the request's group).
     submits: Vec<u64>,
     plan: Option<(u64, Vec<DevicePlan>)>,
+    /// Every `hand_off` received: the request and the group named.
+    hand_offs: Vec<(u64, (u32, u32))>,
     out: Option<Outbox>,
 }
 
@@ -90,6 +98,7 @@ impl MockWorker {
             running: FxHashMap::default(),
             submits: vec![0; config.devices as usize],
             plan: None,
+            hand_offs: Vec::new(),
             out: None,
         }));
         let mut w = Self {
@@ -227,6 +236,12 @@ impl MockWorker {
                             }
                             reply(error(Some(id), codes::CANCELLED, "cancelled by the client"));
                         }
+                        Ok(ClientMsg::HandOff { id, group }) => {
+                            counters.hand_offs.fetch_add(1, Ordering::Relaxed);
+                            let mut d = devices.lock().unwrap();
+                            d.hand_offs.push((id, group));
+                            reply(AgentMsg::HandedOff(hand_off(&mut d, id, group, config.devices)));
+                        }
                         Ok(ClientMsg::ApplyPlan { plan_id, devices: plan }) => {
                             counters.plans.fetch_add(1, Ordering::Relaxed);
                             let n = config.devices;
@@ -271,6 +286,11 @@ impl MockWorker {
     /// Requests submitted to each device (the first device of their group).
     pub fn submits_per_device(&self) -> Vec<u64> {
         self.devices.lock().unwrap().submits.clone()
+    }
+
+    /// Every `hand_off` received, in order: the request and the group named.
+    pub fn hand_offs(&self) -> Vec<(u64, (u32, u32))> {
+        self.devices.lock().unwrap().hand_offs.clone()
     }
 
     /// The last plan applied: its id and device entries.
@@ -319,6 +339,34 @@ impl MockWorker {
 impl Drop for MockWorker {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Moves a running request to `group` when this agent has it.
+fn hand_off(d: &mut Devices, id: u64, group: (u32, u32), num_devices: u32) -> HandedOff {
+    let known = match &d.plan {
+        Some((_, plan)) => plan.iter().any(|p| p.tp_group == group),
+        None => group.1 > 0 && group.0 + group.1 <= num_devices,
+    };
+    let failure = if !known {
+        Some((
+            HandOffFailure::UnknownGroup,
+            format!("group {group:?} is not active on this mock agent"),
+        ))
+    } else if (group.0..group.0 + group.1).any(|g| d.dead[g as usize]) {
+        Some((HandOffFailure::GroupNotReady, format!("a device of group {group:?} is dead")))
+    } else if let Some(r) = d.running.get_mut(&id) {
+        r.group = group;
+        None
+    } else {
+        Some((HandOffFailure::NotRunning, format!("request {id} is not running here")))
+    };
+    HandedOff {
+        id,
+        group,
+        ok: failure.is_none(),
+        code: failure.as_ref().map(|f| f.0),
+        message: failure.map(|f| f.1),
     }
 }
 

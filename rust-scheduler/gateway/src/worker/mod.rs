@@ -63,8 +63,9 @@ pub struct Submit {
     pub start_within_s: Option<f64>,
 }
 
-/// A node agent. `submit` and `cancel` only enqueue (they never wait on the
-/// network), so they can be called from `Drop` and on the request path.
+/// A node agent. `submit`, `cancel` and `hand_off` only enqueue (they never
+/// wait on the network), so they can be called from `Drop` and on the
+/// request path.
 #[async_trait]
 pub trait WorkerClient: Send + Sync {
     fn name(&self) -> &str;
@@ -75,6 +76,11 @@ pub trait WorkerClient: Send + Sync {
     fn submit(&self, request: Submit) -> Result<TokenStream, WorkerError>;
     /// Stops a request; its stream gets no more events.
     fn cancel(&self, id: u64);
+    /// Moves a prefilled request's KV to `group` (first device, TP size, in
+    /// the agent's numbering); its stream goes on. Nothing is sent for a
+    /// request no longer in flight here. A move the agent cannot make is
+    /// logged, and the request keeps decoding where it is.
+    fn hand_off(&self, id: u64, group: (u32, u32));
     async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError>;
     async fn stats(&self) -> Result<StatsReply, WorkerError>;
 }

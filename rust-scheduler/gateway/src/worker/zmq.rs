@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::{Submit, TokenEvent, TokenStream, WorkerClient, WorkerError};
-use crate::protocol::{self, AgentMsg, ClientMsg, DevicePlan, PlanApplied, StatsReply};
+use crate::protocol::{self, AgentMsg, ClientMsg, DevicePlan, HandOffFailure, HandedOff, PlanApplied, StatsReply};
 
 struct Shared {
     name: String,
@@ -87,6 +87,7 @@ impl Shared {
                     let _ = tx.send(p);
                 }
             }
+            AgentMsg::HandedOff(h) => log_hand_off(&self.name, &h),
             AgentMsg::Stats(s) => {
                 if let Some(tx) = self.stats_waiters.lock().unwrap().pop_front() {
                     let _ = tx.send(s);
@@ -98,6 +99,26 @@ impl Shared {
 
     fn send(&self, msg: &ClientMsg) -> Result<(), WorkerError> {
         self.out.send(protocol::encode(msg)).map_err(|_| self.died("connection closed"))
+    }
+}
+
+/// A hand-off the agent could not make leaves the request decoding where it
+/// was: worth a warning, except for a request that ended before it could
+/// move (an expected race).
+fn log_hand_off(worker: &str, h: &HandedOff) {
+    if h.ok {
+        return;
+    }
+    let code = h.code.map_or("unknown", HandOffFailure::name);
+    let why = h.message.as_deref().unwrap_or("");
+    if h.code == Some(HandOffFailure::NotRunning) {
+        log::debug!("worker {worker}: request {} not handed off to {:?} ({code}): {why}", h.id, h.group);
+    } else {
+        log::warn!(
+            "worker {worker}: request {} not handed off to {:?} ({code}): {why}; it decodes where it is",
+            h.id,
+            h.group
+        );
     }
 }
 
@@ -257,6 +278,12 @@ impl WorkerClient for ZmqWorker {
         // Dropping the sender first: whatever the agent still sends is ignored.
         if self.shared.pending.lock().unwrap().remove(&id).is_some() {
             let _ = self.shared.send(&ClientMsg::Cancel { id });
+        }
+    }
+
+    fn hand_off(&self, id: u64, group: (u32, u32)) {
+        if self.shared.pending.lock().unwrap().contains_key(&id) {
+            let _ = self.shared.send(&ClientMsg::HandOff { id, group });
         }
     }
 

@@ -1,0 +1,275 @@
+//! The core's prefill -> decode decisions are the ones carried out: a move
+//! becomes a `hand_off` to the agent holding the request, naming the core's
+//! decode group in that agent's numbering; a wait is handed off once the
+//! core grants a slot, and a wait the core sheds is cancelled at the agent
+//! and ends the client's stream with 503 `overloaded` and Retry-After.
+//!
+//! The planner may not colocate here, so every request is prefilled on a
+//! prefill group and needs a decode slot. The control loop runs on a
+//! virtual clock (waits expire when the test says so); mock agents speak
+//! the real protocol where the wire matters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use tiertp_gateway::admission::Admission;
+use tiertp_gateway::control::{Control, ControlConfig, GroupKey};
+use tiertp_gateway::error::ApiError;
+use tiertp_gateway::generate::{Running, Start};
+use tiertp_gateway::metrics::Metrics;
+use tiertp_gateway::protocol::{DevicePlan, PlanApplied, Sampling, StatsReply};
+use tiertp_gateway::tokenize::TextCodec;
+use tiertp_gateway::worker::mock::{MockConfig, MockWorker};
+use tiertp_gateway::worker::zmq::ZmqWorker;
+use tiertp_gateway::worker::{Submit, TokenStream, WorkerClient, WorkerError};
+use tiertp_scheduler::control::Handoff;
+use tiertp_scheduler::planner::PlannerConfig;
+use tiertp_scheduler::profile::synthetic;
+use tiertp_scheduler::tiers::{Tier, TierSet};
+
+/// Bounds waits on the mock agents, so a bug fails instead of hanging.
+const BOUND: Duration = Duration::from_secs(20);
+
+fn tiers() -> TierSet {
+    TierSet::new(vec![Tier::slo_tier("chat", 400.0, 40.0, 1.0)], "t").unwrap()
+}
+
+/// A control loop over `workers` (each with its GPU count), on a virtual
+/// clock the returned cell sets (seconds as f64 bits).
+fn control(workers: Vec<Arc<dyn WorkerClient>>, gpus: &[u32]) -> (Arc<Control>, Arc<AtomicU64>) {
+    let config = ControlConfig {
+        planner: PlannerConfig {
+            allow_colocated: false,
+            ..PlannerConfig::default()
+        },
+        window: Duration::from_secs(1),
+        stats_timeout: Duration::from_secs(5),
+    };
+    let metrics = Arc::new(Metrics::new(vec!["chat".into()]));
+    let clock = Arc::new(AtomicU64::new(0f64.to_bits()));
+    let now = clock.clone();
+    let control = Control::new(tiers(), Arc::new(synthetic::llama8b_like()), workers, gpus, config, metrics)
+        .unwrap()
+        .with_clock(Arc::new(move || f64::from_bits(now.load(Ordering::SeqCst))));
+    (Arc::new(control), clock)
+}
+
+/// The plan's groups of `role`, as (first GPU, TP).
+fn groups(control: &Control, role: &str) -> Vec<GroupKey> {
+    control.plan_json()["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["role"] == role)
+        .map(|g| (g["first_gpu"].as_u64().unwrap() as u32, g["tp"].as_u64().unwrap() as u32))
+        .collect()
+}
+
+/// A node agent that records the orders it gets.
+#[derive(Default)]
+struct Recorder {
+    hand_offs: Mutex<Vec<(u64, (u32, u32))>>,
+    cancels: Mutex<Vec<u64>>,
+}
+
+#[async_trait]
+impl WorkerClient for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn is_alive(&self) -> bool {
+        true
+    }
+    fn submit(&self, _request: Submit) -> Result<TokenStream, WorkerError> {
+        unreachable!("these requests are placed through the control loop only")
+    }
+    fn cancel(&self, id: u64) {
+        self.cancels.lock().unwrap().push(id);
+    }
+    fn hand_off(&self, id: u64, group: (u32, u32)) {
+        self.hand_offs.lock().unwrap().push((id, group));
+    }
+    async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
+        Ok(PlanApplied {
+            plan_id,
+            ok: true,
+            reason: None,
+            switch_ms: 0.0,
+        })
+    }
+    async fn stats(&self) -> Result<StatsReply, WorkerError> {
+        Ok(StatsReply {
+            devices: Vec::new(),
+            plan_id: None,
+        })
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_move_goes_to_the_agent_holding_the_request_naming_the_cores_group_in_its_numbering() {
+    let agents = [Arc::new(Recorder::default()), Arc::new(Recorder::default())];
+    let workers: Vec<Arc<dyn WorkerClient>> = agents.iter().map(|a| a.clone() as Arc<dyn WorkerClient>).collect();
+    let (control, _clock) = control(workers, &[2, 2]);
+    // Two nodes of two GPUs: a TP2 prefill group on the first, a decode and
+    // a prefill group on the second.
+    assert_eq!(groups(&control, "decode"), vec![(2, 1)]);
+    assert_eq!(groups(&control, "prefill"), vec![(0, 2), (3, 1)]);
+
+    // Prefilled on the second node: moved to its decode group, which is
+    // that agent's device 0.
+    let p = control.place(1, 0, 64, 8, &[(0, 2)], true).unwrap();
+    assert_eq!((p.worker, p.key), (1, (3, 1)));
+    let decided = control.first_token(1).unwrap().handoff;
+    let Handoff::Move(d) = decided else {
+        panic!("the core did not move it: {decided:?}")
+    };
+    assert_eq!(d.key(), (2, 1));
+    assert_eq!(*agents[1].hand_offs.lock().unwrap(), vec![(1, (0, 1))]);
+
+    // Prefilled on the first node: the core's decode group is on the other
+    // node, where no agent can move its KV; nothing is sent, it decodes
+    // where it is.
+    let p = control.place(2, 0, 64, 8, &[(3, 1)], true).unwrap();
+    assert_eq!(p.key, (0, 2));
+    assert!(matches!(control.first_token(2).unwrap().handoff, Handoff::Move(_)));
+    assert_eq!(agents[0].hand_offs.lock().unwrap().len(), 0);
+    assert_eq!(agents[1].hand_offs.lock().unwrap().len(), 1);
+    assert!(agents.iter().all(|a| a.cancels.lock().unwrap().is_empty()));
+}
+
+/// One mock agent with two devices (prefill on 0, decode on 1) behind the
+/// real protocol client; the plan is applied there.
+async fn one_node(token_delay: Duration) -> (Arc<Control>, Arc<AtomicU64>, MockWorker) {
+    let mock = MockWorker::start(MockConfig {
+        token_delay,
+        devices: 2,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = ZmqWorker::connect(mock.endpoint(), BOUND).await.unwrap();
+    let (control, clock) = control(vec![Arc::new(client)], &[2]);
+    control.step().await;
+    assert_eq!(mock.last_plan().map(|p| p.0), control.plan_json()["plan_id"].as_u64());
+    assert_eq!(
+        (groups(&control, "prefill"), groups(&control, "decode")),
+        (vec![(0, 1)], vec![(1, 1)])
+    );
+    (control, clock, mock)
+}
+
+/// A request from a client, through the gateway's request path.
+fn start(control: &Arc<Control>, admission: &Admission, max_tokens: u32) -> Running {
+    let s = Start {
+        tier: 0,
+        input_ids: vec![5, 6, 7],
+        sampling: Sampling {
+            max_tokens,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: None,
+            stop_token_ids: Vec::new(),
+        },
+        stop: Vec::new(),
+        permit: admission.admit(0).unwrap(),
+        arrival: Instant::now(),
+    };
+    Running::start(control.clone(), Arc::new(TextCodec::tiny()), s, 1, BOUND).unwrap()
+}
+
+/// Reads the request to its end; its completion tokens.
+async fn to_end(r: &mut Running) -> u32 {
+    loop {
+        if let Some(f) = r.next(true).await.unwrap().finish {
+            return f.completion_tokens;
+        }
+    }
+}
+
+/// Takes every decode slot with requests the control loop alone knows
+/// (no agent runs them); their ids.
+fn fill_decode_slots(control: &Control) -> Vec<u64> {
+    let mut held = Vec::new();
+    loop {
+        let id = control.new_request_id();
+        control.place(id, 0, 16, 8, &[], true).unwrap();
+        match control.first_token(id).unwrap().handoff {
+            Handoff::Move(_) => held.push(id),
+            Handoff::Wait => {
+                // Full: this one leaves again (it would hold back admissions).
+                control.complete(id);
+                return held;
+            }
+            Handoff::Stay => panic!("request {id} stayed on a prefill group"),
+        }
+    }
+}
+
+async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + BOUND;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_reaches_the_agent_as_a_hand_off_message_and_the_stream_goes_on() {
+    let (control, _clock, mock) = one_node(Duration::from_millis(20)).await;
+    let admission = Admission::new(&tiers());
+    let mut r = start(&control, &admission, 12);
+    let first = r.next(true).await.unwrap();
+    assert!(first.finish.is_none());
+    let id = r.id();
+    wait_for("the hand-off at the agent", || !mock.hand_offs().is_empty()).await;
+    assert_eq!(mock.hand_offs(), vec![(id, (1, 1))]);
+    assert_eq!(to_end(&mut r).await, 12);
+    assert_eq!(mock.counters().cancels.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_wait_is_handed_off_then_and_a_shed_wait_is_cancelled_with_503() {
+    let (control, clock, mock) = one_node(Duration::from_millis(20)).await;
+    let admission = Admission::new(&tiers());
+    let held = fill_decode_slots(&control);
+    assert!(!held.is_empty());
+
+    // No decode slot: the request waits, decoding where it is.
+    let mut granted = start(&control, &admission, 12);
+    granted.next(true).await.unwrap();
+    // A slot comes free: the core grants it to the waiting request, which
+    // is handed off then.
+    control.complete(held[0]);
+    wait_for("the granted hand-off at the agent", || !mock.hand_offs().is_empty()).await;
+    assert_eq!(mock.hand_offs(), vec![(granted.id(), (1, 1))]);
+    assert_eq!(to_end(&mut granted).await, 12);
+    drop(granted);
+
+    // Full again; this one waits past its TPOT budget and the next window
+    // sheds it.
+    fill_decode_slots(&control);
+    let mut shed = start(&control, &admission, 1000);
+    shed.next(true).await.unwrap();
+    clock.store(1e3f64.to_bits(), Ordering::SeqCst);
+    control.step().await;
+    let err = shed.next(true).await.unwrap_err();
+    assert!(matches!(err, ApiError::Overloaded { .. }), "{err:?}");
+    assert!(err.to_string().contains("handoff_timeout"), "{err}");
+    wait_for("the cancel at the agent", || mock.counters().cancels.load(Ordering::Relaxed) == 1).await;
+    assert_eq!(mock.hand_offs().len(), 1, "the shed request was not handed off");
+    assert_eq!(control.metrics.tiers[0].shed.load(Ordering::Relaxed), 1);
+    assert_eq!(control.metrics.tiers[0].errors.load(Ordering::Relaxed), 0);
+    drop(shed);
+    assert_eq!(control.metrics.tiers[0].errors.load(Ordering::Relaxed), 0, "a shed is not an error");
+    // What the client gets: like an admission shed.
+    let resp = err.into_response();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+}
