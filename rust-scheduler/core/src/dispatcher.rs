@@ -29,6 +29,7 @@ use thiserror::Error;
 
 use crate::plan::{GroupKey, Plan, Role};
 use crate::tiers::{TierId, TierSet};
+use crate::topology::Cluster;
 
 /// Why a request went where it went; also its queue in the batch policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -176,6 +177,8 @@ pub struct Dispatcher {
     has_background_groups: bool,
     background_cursor: usize,
     in_flight: FxHashMap<u64, Charge>,
+    /// Node of each GPU (empty: one node). KV moves only within a node.
+    node_of_gpu: Vec<u32>,
 }
 
 impl Dispatcher {
@@ -183,6 +186,44 @@ impl Dispatcher {
         let mut d = Self::default();
         d.set_plan(tiers, plan);
         d
+    }
+
+    /// The cluster's nodes: a prefilled request moves only to a decode
+    /// group on its own node (its KV cannot cross nodes).
+    pub fn set_nodes(&mut self, cluster: &Cluster) {
+        self.node_of_gpu = (0..cluster.num_gpus()).map(|g| cluster.node_of(g).unwrap_or(0) as u32).collect();
+    }
+
+    fn node(&self, gpu: u32) -> u32 {
+        self.node_of_gpu.get(gpu as usize).copied().unwrap_or(0)
+    }
+
+    /// Decode slots a prefilled request may move to: its tier's decode
+    /// groups on its node (`colocated_too`: also its colocated groups).
+    fn decode_targets(&self, c: &Charge, colocated_too: bool) -> Vec<usize> {
+        let here = self.node(c.key.0);
+        let on_node = |v: &[usize]| {
+            v.iter()
+                .copied()
+                .filter(|&i| self.node(self.slots[i].key.0) == here)
+                .collect::<Vec<_>>()
+        };
+        let mut out = on_node(&self.tier_decode[c.tier]);
+        if colocated_too {
+            out.extend(
+                on_node(&self.tier_prefill[c.tier])
+                    .into_iter()
+                    .filter(|&i| self.slots[i].holds_slots()),
+            );
+        }
+        out
+    }
+
+    /// Whether the request's node has any decode group it could move to
+    /// (full or not); without one it decodes where it is.
+    pub fn decode_reachable(&self, request_id: u64, colocated_too: bool) -> Result<bool, DispatchError> {
+        let c = self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
+        Ok(!self.decode_targets(c, colocated_too).is_empty())
     }
 
     /// Switches to a new plan; loads of groups that persist carry over.
@@ -302,25 +343,20 @@ impl Dispatcher {
     }
 
     /// Moves a prefilled request to the least-full decode group of its tier
-    /// with a free slot (`colocated_too`: or a colocated one, for a request
-    /// whose group is stopping); `None` (nothing changes) when none has one.
+    /// on its node with a free slot (`colocated_too`: or a colocated one,
+    /// for a request whose group is stopping); `None` (nothing changes) when
+    /// none has one.
     pub fn dispatch_decode(&mut self, request_id: u64, colocated_too: bool) -> Result<Option<Decision>, DispatchError> {
-        let tier = self
-            .in_flight
-            .get(&request_id)
-            .ok_or(DispatchError::UnknownRequest(request_id))?
-            .tier;
+        let c = self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
+        let tier = c.tier;
         let slots = &self.slots;
-        let free = |v: &[usize]| {
-            v.iter()
-                .copied()
-                .filter(|&i| slots[i].holds_slots() && slots[i].load.slots < slots[i].slot_budget)
-                .collect::<Vec<_>>()
+        let has_slot = |i: &usize| slots[*i].holds_slots() && slots[*i].load.slots < slots[*i].slot_budget;
+        let decode: Vec<usize> = self.decode_targets(c, false).into_iter().filter(has_slot).collect();
+        let candidates = if decode.is_empty() && colocated_too {
+            self.decode_targets(c, true).into_iter().filter(has_slot).collect()
+        } else {
+            decode
         };
-        let mut candidates = free(&self.tier_decode[tier]);
-        if candidates.is_empty() && colocated_too {
-            candidates = free(&self.tier_prefill[tier]);
-        }
         let Some(target) = least_full(slots, candidates.into_iter()) else {
             return Ok(None);
         };

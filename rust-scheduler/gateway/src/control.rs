@@ -20,8 +20,8 @@
 //! sheds it (then it is cancelled at its agent and its client gets 503
 //! `overloaded` with Retry-After). Grants and sheds are collected
 //! (`take_released`) whenever a request completes and every window.
-//! An agent moves KV within its node only: a move to another node's group
-//! is not sent (logged), and the request decodes where it is.
+//! An agent moves KV within its node only; the core moves a request only
+//! to a decode group on its node (one node per agent).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -314,10 +314,8 @@ impl Control {
                 Order::Move { id, from, to } => {
                     let w = self.worker_of_gpu(from.0);
                     if self.worker_of_gpu(to.0) != w {
-                        log::warn!(
-                            "request {id}: the core moves it from group {from:?} to {to:?} on another node; \
-                             agents move KV within their node only, so it decodes where it is"
-                        );
+                        // The core's nodes are the agents: never happens.
+                        log::error!("request {id}: a move from group {from:?} to {to:?} on another agent; it decodes where it is");
                         continue;
                     }
                     self.workers[w].hand_off(id, (to.0 - self.first_gpu[w], to.1));

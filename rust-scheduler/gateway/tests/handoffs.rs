@@ -130,12 +130,12 @@ async fn a_move_goes_to_the_agent_holding_the_request_naming_the_cores_group_in_
     assert_eq!(d.key(), (2, 1));
     assert_eq!(*agents[1].hand_offs.lock().unwrap(), vec![(1, (0, 1))]);
 
-    // Prefilled on the first node: the core's decode group is on the other
-    // node, where no agent can move its KV; nothing is sent, it decodes
-    // where it is.
+    // Prefilled on the first node: its tier's only decode group is on the
+    // other node, where its KV cannot go; the core keeps it where it is and
+    // nothing is sent.
     let p = control.place(2, 0, 64, 8, &[(3, 1)], true).unwrap();
     assert_eq!(p.key, (0, 2));
-    assert!(matches!(control.first_token(2).unwrap().handoff, Handoff::Move(_)));
+    assert_eq!(control.first_token(2).unwrap().handoff, Handoff::Stay);
     assert_eq!(agents[0].hand_offs.lock().unwrap().len(), 0);
     assert_eq!(agents[1].hand_offs.lock().unwrap().len(), 1);
     assert!(agents.iter().all(|a| a.cancels.lock().unwrap().is_empty()));

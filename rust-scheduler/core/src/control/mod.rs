@@ -144,9 +144,11 @@ impl ControlLoop {
         let plan = planner.step(&idle)?.plan;
         let up = vec![true; cluster.num_gpus() as usize];
         let view = LiveView::new(cluster.node_sizes(), &up);
+        let mut dispatcher = Dispatcher::new(&tiers, &plan);
+        dispatcher.set_nodes(&cluster);
         let observer = ArrivalObserver::new(tiers.len(), config.horizon_s(), config.memory_s, config.window_s, config.prior());
         Ok(Self {
-            dispatcher: Dispatcher::new(&tiers, &plan),
+            dispatcher,
             handoffs: HandoffQueue::new(tiers.len()),
             last_stats: idle,
             tiers,
@@ -299,6 +301,11 @@ impl ControlLoop {
 
     fn handoff(&mut self, id: u64, now_s: f64, colocated_too: bool) -> Result<Handoff, DispatchError> {
         let tier = self.dispatcher.tier_of(id).ok_or(DispatchError::UnknownRequest(id))?;
+        // No decode group on its node (its KV cannot leave it): it decodes
+        // where it is.
+        if !self.dispatcher.decode_reachable(id, colocated_too)? {
+            return Ok(Handoff::Stay);
+        }
         // First come, first served: a slot goes to older waiters first.
         if self.handoffs.waiting(tier) == 0 {
             if let Some(d) = self.dispatcher.dispatch_decode(id, colocated_too)? {

@@ -2,6 +2,7 @@ use super::*;
 use crate::plan::GroupPlan;
 use crate::test_support::{self, plan};
 use crate::tiers::Tier;
+use crate::topology::Cluster;
 
 fn tiers() -> TierSet {
     TierSet::new(
@@ -163,4 +164,31 @@ fn plan_change_keeps_charges_exact() {
     assert_eq!(d.complete(1), Ok(30));
     assert!(d.total_load().is_zero());
     assert!(d.load_of((1, 1)).is_zero());
+}
+
+#[test]
+fn hand_offs_stay_on_the_requests_node() {
+    // Two nodes of 8 GPUs: prefill on node 0; decode groups on node 1
+    // (GPU 8) and, in the second plan, also on node 0 (GPU 1).
+    let cluster = Cluster::uniform(16, 8).unwrap();
+    let far = plan(vec![group(0, Role::Prefill, 0, 1000), group(0, Role::Decode, 8, 1000)]);
+    let mut d = Dispatcher::new(&tiers(), &far);
+    d.set_nodes(&cluster);
+    d.dispatch(1, 0, 10, true).unwrap();
+    assert!(d.prefill_done(1).unwrap());
+    assert_eq!(d.decode_reachable(1, false), Ok(false));
+    assert_eq!(d.dispatch_decode(1, false), Ok(None), "its KV cannot reach node 1");
+
+    let near = plan(vec![
+        group(0, Role::Prefill, 0, 1000),
+        group(0, Role::Decode, 1, 1000),
+        group(0, Role::Decode, 8, 1000),
+    ]);
+    d.set_plan(&tiers(), &near);
+    d.dispatch(2, 0, 10, true).unwrap();
+    d.prefill_done(2).unwrap();
+    assert_eq!(d.dispatch_decode(2, false).unwrap().unwrap().group_first_gpu, 1);
+    // Node 0's decode group is now busier than node 1's, and still chosen.
+    assert_eq!(d.decode_reachable(1, false), Ok(true));
+    assert_eq!(d.dispatch_decode(1, false).unwrap().unwrap().group_first_gpu, 1);
 }
