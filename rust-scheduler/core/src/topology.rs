@@ -3,6 +3,8 @@
 //! ({0,1}, {2,3}, {0..3}, ...), which is what NVLink islands and the
 //! interleaved weight layout both assume.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use thiserror::Error;
 
 pub const MAX_GPUS_PER_NODE: u32 = 8;
@@ -106,6 +108,10 @@ pub struct Allocator {
     free: Vec<u8>,
     /// blocks[s] = number of free aligned blocks of size 2^s, all nodes.
     blocks: [u32; 4],
+    free_gpus: u32,
+    /// Nodes by (size, free mask): nodes alike offer the same blocks, so
+    /// `allocate` looks at each kind once (a large cluster has few kinds).
+    kinds: BTreeMap<(u32, u8), BTreeSet<usize>>,
 }
 
 fn block_mask(local: u32, tp: u32) -> u8 {
@@ -149,21 +155,25 @@ impl Allocator {
         let free: Vec<u8> = sizes.iter().map(|&s| ((1u32 << s) - 1) as u8).collect();
         let first = (0..sizes.len()).map(|n| cluster.node_first_gpu(n)).collect();
         let mut blocks = [0; 4];
+        let mut kinds: BTreeMap<(u32, u8), BTreeSet<usize>> = BTreeMap::new();
         for (n, &f) in free.iter().enumerate() {
             for (b, c) in blocks.iter_mut().zip(count_blocks(sizes[n], f)) {
                 *b += c;
             }
+            kinds.entry((sizes[n], f)).or_default().insert(n);
         }
         Self {
+            free_gpus: sizes.iter().sum(),
             sizes,
             first,
             free,
             blocks,
+            kinds,
         }
     }
 
     pub fn free_gpus(&self) -> u32 {
-        self.free.iter().map(|f| f.count_ones()).sum()
+        self.free_gpus
     }
 
     /// Free aligned blocks of size `tp` (disjoint by alignment).
@@ -172,11 +182,20 @@ impl Allocator {
     }
 
     fn set_free(&mut self, node: usize, new_free: u8) {
-        let old = count_blocks(self.sizes[node], self.free[node]);
-        let new = count_blocks(self.sizes[node], new_free);
+        let (size, old_free) = (self.sizes[node], self.free[node]);
+        let old = count_blocks(size, old_free);
+        let new = count_blocks(size, new_free);
         for s in 0..4 {
             self.blocks[s] = self.blocks[s] - old[s] + new[s];
         }
+        self.free_gpus = self.free_gpus - old_free.count_ones() + new_free.count_ones();
+        if let Some(nodes) = self.kinds.get_mut(&(size, old_free)) {
+            nodes.remove(&node);
+            if nodes.is_empty() {
+                self.kinds.remove(&(size, old_free));
+            }
+        }
+        self.kinds.entry((size, new_free)).or_default().insert(node);
         self.free[node] = new_free;
     }
 
@@ -189,14 +208,15 @@ impl Allocator {
             return None;
         }
         let mut best: Option<((u32, u32), usize, u32)> = None;
-        for (node, &free) in self.free.iter().enumerate() {
-            let size = self.sizes[node];
+        for (&(size, free), nodes) in &self.kinds {
+            // Of nodes alike, the first is the one a scan in node order keeps.
+            let Some(&node) = nodes.first() else { continue };
             let mut local = 0;
             while local + tp <= size {
                 let m = block_mask(local, tp);
                 if free & m == m {
                     let key = (enclosing_free_block(size, free, local, tp), free.count_ones());
-                    if best.is_none_or(|(b, _, _)| key < b) {
+                    if best.is_none_or(|(b, n, l)| (key, node, local) < (b, n, l)) {
                         best = Some((key, node, local));
                     }
                 }

@@ -2,6 +2,10 @@
 //! current plan with the same (tier, role, TP) keep their GPUs, so only the
 //! GPUs that really change role or TP level switch.
 
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+
 use crate::plan::{Plan, Role};
 use crate::topology::{Allocator, Cluster};
 
@@ -12,17 +16,21 @@ type Group = (usize, Role, u32, u32);
 /// (the caller then keeps the greedy's own placement).
 pub fn stable(cluster: &Cluster, current: &Plan, groups: &[Group]) -> Option<Vec<Group>> {
     let mut alloc = Allocator::new(cluster);
-    let mut used = vec![false; current.groups.len()];
+    // The current groups of each (tier, role, TP), in plan order.
+    let mut current_of: FxHashMap<(usize, Role, u32), VecDeque<u32>> = FxHashMap::default();
+    for g in &current.groups {
+        current_of.entry((g.tier, g.role, g.tp)).or_default().push_back(g.first_gpu);
+    }
     let mut placed: Vec<Option<Group>> = vec![None; groups.len()];
     for (i, &(tier, role, tp, _)) in groups.iter().enumerate() {
-        let keep = current
-            .groups
-            .iter()
-            .enumerate()
-            .find(|(j, g)| !used[*j] && g.tier == tier && g.role == role && g.tp == tp && alloc.take(g.first_gpu, tp));
-        if let Some((j, g)) = keep {
-            used[j] = true;
-            placed[i] = Some((tier, role, tp, g.first_gpu));
+        let Some(candidates) = current_of.get_mut(&(tier, role, tp)) else {
+            continue;
+        };
+        while let Some(first) = candidates.pop_front() {
+            if alloc.take(first, tp) {
+                placed[i] = Some((tier, role, tp, first));
+                break;
+            }
         }
     }
     let mut rest: Vec<usize> = (0..groups.len()).filter(|&i| placed[i].is_none()).collect();
