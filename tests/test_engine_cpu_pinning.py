@@ -1,4 +1,4 @@
-"""A CPU rank runs on its own core group with one thread per core (issue 8).
+"""A CPU rank runs on its own core group with one thread per core.
 
 Two bugs made `tiertp serve --devices 2` 5-15x slower than its profile:
 SGLang pins ranks only with its native CPU kernels, and OMP_NUM_THREADS set

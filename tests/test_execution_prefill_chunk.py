@@ -1,4 +1,4 @@
-"""The leader's prefill chunk follows the plan's token cap at run time (issue 8):
+"""The leader's prefill chunk follows the plan's token cap at run time:
 the simulator prefills at most token_cap prompt tokens per iteration and admits
 longer prompts over several iterations; the live executor sets the same chunk."""
 

@@ -6,6 +6,8 @@ Kept in agreement with the module by tests/test_stub_agreement.py.
 from collections.abc import Callable
 from typing import Any
 
+FAIR_MIN_REQUEST_SHARE: float
+FAIR_MIN_GOODPUT_FRACTION: float
 ROLES: list[str]
 DISPATCH_CLASSES: list[str]
 

@@ -3,7 +3,7 @@
 `tiertp.engine.sglang_compat.apply` writes each TP rank's core group into
 ``SGLANG_CPU_OMP_THREADS_BIND`` and the group size into ``OMP_NUM_THREADS``.
 Neither is enough on its own, for two reasons found on this project's CPU
-hosts (issue 8, docs/fidelity.md):
+hosts (docs/fidelity.md):
 
 - SGLang binds a rank's OpenMP threads to its group only through
   ``sgl_kernel.init_cpu_threads_env``, i.e. only with the real CPU build of

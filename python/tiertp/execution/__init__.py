@@ -1,4 +1,4 @@
-"""The KV-owning execution instance on SGLang's model runner (issue 6).
+"""The KV-owning execution instance on SGLang's model runner.
 
 A `TpInstance` is one model replica at TP level k: k rank processes, each
 holding SGLang's `ModelRunner` at TP k (CPU: gloo, torch_native attention,

@@ -1,4 +1,4 @@
-"""KV cache migration between TP layouts (DESIGN.md §3, issue 5).
+"""KV cache migration between TP layouts (DESIGN.md §3).
 
 plan_migration turns (old layout, new layout, running requests) into moves;
 migrate runs them on one GPU's process: a handshake that allocates the new

@@ -7,11 +7,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+# The fairness rule (see `fair`), owned by the planner that plans for it:
+# tiers below this share of the requests are exempt; the others need at
+# least this fraction of their proportional goodput.
+from tiertp._scheduler import FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_REQUEST_SHARE
+
 PERCENTILES = (50, 90, 99)
-# The fairness rule (see `fair`): tiers below this share of the requests are
-# exempt; the others need at least this fraction of their proportional goodput.
-FAIR_MIN_REQUEST_SHARE = 0.10
-FAIR_MIN_GOODPUT_FRACTION = 0.25
 
 
 @dataclass(frozen=True)

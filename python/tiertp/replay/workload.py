@@ -12,7 +12,7 @@ from tiertp.traces import (
     parse_pairs, rename_tiers, scale_to_rps, scale_window_to_rps, time_window,
 )
 
-# Tier map used when no rule is given, for the named traces issue 4 models
+# Tier map used when no rule is given, for the named traces, as the paper's evaluation maps them
 # (code -> the looser agent tier, conversation -> chat).
 DEFAULT_TIER_MAP = {"azure-code": "agent", "azure-conv": "chat"}
 

@@ -1,4 +1,4 @@
-"""Run-time TP switching and prefill -> decode hand-off (issue 6, DESIGN.md §3).
+"""Run-time TP switching and prefill -> decode hand-off (DESIGN.md §3).
 
 Builds on tiertp.execution (the KV-owning `TpInstance`), tiertp.kv (KV
 migration between TP layouts) and tiertp.weights (one weight copy per

@@ -1,4 +1,4 @@
-"""Shared, zero-copy, interleaved weight store (DESIGN.md §3 "Weights", issue 6).
+"""Shared, zero-copy, interleaved weight store (DESIGN.md §3 "Weights").
 
 Per device, the weights are loaded once into one full copy that all of that
 device's TP-level processes map (CPU: a file in /dev/shm, MAP_SHARED; GPU:

@@ -34,6 +34,8 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gateway::bench_gateway, m)?)?;
     m.add_class::<serve::GatewayServer>()?;
     m.add("SIM_POLICIES", tiertp_sim::POLICIES.map(|p| p.0).to_vec())?;
+    m.add("FAIR_MIN_REQUEST_SHARE", tiertp_scheduler::planner::FAIR_MIN_SHARE)?;
+    m.add("FAIR_MIN_GOODPUT_FRACTION", tiertp_scheduler::planner::FAIR_MIN_GOODPUT_FRACTION)?;
     m.add("ROLES", tiertp_scheduler::plan::Role::ALL.map(|r| r.name()).to_vec())?;
     m.add(
         "DISPATCH_CLASSES",

@@ -91,7 +91,7 @@ fn assert_valid(plan: &Plan, cluster: &Cluster) -> Result<(), TestCaseError> {
 /// Fixed seeds keep CI deterministic. The greedy is a heuristic: runs of
 /// 30,000 cases find rare layouts where a grown tier ends with slightly less
 /// capacity (a move that is best per GPU now strands a GPU later); these
-/// seeds pass and the note of issue 2 reports the rate.
+/// seeds pass.
 fn config(cases: u32, seed: u64) -> ProptestConfig {
     ProptestConfig {
         cases,

@@ -294,12 +294,17 @@ pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
     assign_weighted(input, alloc, &weights).0
 }
 
-/// The report's fairness rule judges tiers with >= 10% of the requests at
-/// 0.25x their proportional goodput; the plan aims at twice that, since
-/// the estimates of different tiers err differently (a tier of short
-/// prompts admitted first under overload delivers above its estimate).
+/// The fairness rule reports judge by: a tier with at least this share of
+/// the requests must get at least `FAIR_MIN_GOODPUT_FRACTION` of its
+/// proportional share of the goodput (share x total); smaller tiers are
+/// exempt (too few requests to judge).
 pub const FAIR_MIN_SHARE: f64 = 0.10;
-pub const FAIR_PLANNED_FRACTION: f64 = 0.5;
+pub const FAIR_MIN_GOODPUT_FRACTION: f64 = 0.25;
+
+/// The plan aims at twice the judged fraction, since the estimates of
+/// different tiers err differently (a tier of short prompts admitted first
+/// under overload delivers above its estimate).
+pub const FAIR_PLANNED_FRACTION: f64 = 2.0 * FAIR_MIN_GOODPUT_FRACTION;
 
 /// Score factor that puts a tier short of the fairness floor first.
 const FLOOR_PRIORITY: f64 = 1e6;

@@ -5,6 +5,7 @@
 mod commit;
 mod diff;
 mod greedy;
+pub use greedy::{FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_SHARE};
 mod placement;
 
 use std::sync::Arc;
