@@ -9,6 +9,7 @@ from the `nvidia-cuda-nvcc` wheel when no system CUDA toolkit is found.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -45,15 +46,17 @@ def cuda_home() -> Path:
     root = pip_cuda_root()
     if root is None:
         raise NoGPUError("no CUDA toolkit: install nvidia-cuda-nvcc (see requirements/python.txt)")
-    shim = cache_dir() / "cuda-home"
+    # One shim per toolkit tree: checkouts with their own virtual
+    # environments share the cache, and a removed one leaves dangling links.
+    shim = cache_dir() / "cuda-home" / hashlib.sha256(str(root).encode()).hexdigest()[:16]
     (shim / "lib64").mkdir(parents=True, exist_ok=True)
-    for name in ("bin", "include", "nvvm"):
-        link = shim / name
-        if not link.exists() and (root / name).exists():
-            link.symlink_to(root / name)
-    lib = shim / "lib64" / "libcudart.so"
-    if not lib.exists():
-        lib.symlink_to(root / "lib" / "libcudart.so.13")
+    links = [(shim / name, root / name) for name in ("bin", "include", "nvvm") if (root / name).exists()]
+    links.append((shim / "lib64" / "libcudart.so", root / "lib" / "libcudart.so.13"))
+    for link, target in links:
+        if link.is_symlink() and link.readlink() != target:
+            link.unlink()
+        if not link.is_symlink():
+            link.symlink_to(target)
     return shim
 
 

@@ -10,8 +10,12 @@
 //!   so noise in the observed rates does not move GPUs.
 //!
 //! A current plan that leaves a tier with demand without SLO capacity while
-//! the proposal gives it some is always replaced.
+//! the proposal gives it some is always replaced; so is one that leaves a
+//! tier far below its fair share (`fairness`) when the proposal meets the
+//! plans' aim for every tier; and a proposal that leaves more tiers far
+//! below than the current plan is not taken.
 
+use super::fairness;
 use crate::estimator::TierEstimate;
 use crate::plan::{Plan, Role};
 use crate::switch_cost::SwitchCost;
@@ -39,6 +43,17 @@ fn starved(estimates: &[TierEstimate], plan: &Plan) -> usize {
         .count()
 }
 
+/// Tiers a plan leaves below `fraction` of their proportional share.
+fn short_of_floor(fraction: f64, estimates: &[TierEstimate], plan: &Plan) -> usize {
+    let demand: Vec<f64> = estimates.iter().map(|e| e.stats.arrival_rate).collect();
+    let served: Vec<f64> = estimates
+        .iter()
+        .zip(&plan.tier_capacity_rps)
+        .map(|(e, &cap)| e.stats.served(1.0, cap))
+        .collect();
+    fairness::tiers_short(fraction, &demand, &served)
+}
+
 /// Weighted requests a switch from `current` to `proposal` loses: each
 /// stopped group's weighted goodput over its stop time.
 pub fn switch_loss(i: &CommitInput) -> f64 {
@@ -61,6 +76,16 @@ pub fn switch_loss(i: &CommitInput) -> f64 {
 pub fn worth_committing(i: &CommitInput) -> bool {
     if starved(i.estimates, i.proposal) < starved(i.estimates, i.current) {
         return true;
+    }
+    // Unfair now, fair by the plans' own aim after; never the other way
+    // round for goodput.
+    let unfair = |p| short_of_floor(fairness::FAIR_REPLAN_FRACTION, i.estimates, p);
+    let (unfair_now, unfair_after) = (unfair(i.current), unfair(i.proposal));
+    if unfair_now > 0 && short_of_floor(fairness::FAIR_PLANNED_FRACTION, i.estimates, i.proposal) == 0 {
+        return true;
+    }
+    if unfair_after > unfair_now {
+        return false;
     }
     if i.proposed_objective <= i.current_objective * (1.0 + i.hysteresis) + 1e-9 {
         return false;

@@ -18,6 +18,7 @@
 //! only adds capacity while decode keeps up, so moves include a
 //! prefill+decode pair.
 
+use super::fairness;
 use crate::estimator::TierEstimate;
 use crate::plan::Role;
 use crate::tiers::Tier;
@@ -103,16 +104,9 @@ impl<'a> State<'a> {
     /// Whether the tier is planned below its fairness floor (see `assign`).
     fn short_of_fair_floor(&self, tier: usize) -> bool {
         let n = self.input.tiers.len();
-        let total_demand: f64 = (0..n).map(|t| self.demand(t)).sum();
-        if total_demand <= 0.0 {
-            return false;
-        }
-        let share = self.demand(tier) / total_demand;
-        if share < FAIR_MIN_SHARE {
-            return false;
-        }
-        let total_served: f64 = (0..n).map(|t| self.served(t, self.caps[t].total())).sum();
-        self.served(tier, self.caps[tier].total()) < FAIR_PLANNED_FRACTION * share * total_served - 1e-9
+        let demand: Vec<f64> = (0..n).map(|t| self.demand(t)).collect();
+        let served: Vec<f64> = (0..n).map(|t| self.served(t, self.caps[t].total())).collect();
+        fairness::short_of_floor(tier, fairness::FAIR_PLANNED_FRACTION, &demand, &served)
     }
 
     /// Whether the unserved part is within `COVERED_SHORTFALL` of demand.
@@ -284,27 +278,12 @@ impl<'a> State<'a> {
 /// that are efficient at that load (e.g. a TP2 decode group rather than two
 /// TP1 ones that only fit today's rate): bursts meet capacity, not a queue.
 ///
-/// Fairness floor: goodput alone would give every GPU to the tier that is
-/// cheapest to serve. While a tier with at least `FAIR_MIN_SHARE` of the
-/// requests is planned below `FAIR_PLANNED_FRACTION` of its proportional
-/// share of the served total (share = its requests / all requests), its
-/// moves come first (see `short_of_fair_floor`).
+/// Fairness floor (`fairness`): while a tier is planned below it, its moves
+/// come first.
 pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
     let weights: Vec<f64> = input.tiers.iter().map(|t| t.weight).collect();
     assign_weighted(input, alloc, &weights).0
 }
-
-/// The fairness rule reports judge by: a tier with at least this share of
-/// the requests must get at least `FAIR_MIN_GOODPUT_FRACTION` of its
-/// proportional share of the goodput (share x total); smaller tiers are
-/// exempt (too few requests to judge).
-pub const FAIR_MIN_SHARE: f64 = 0.10;
-pub const FAIR_MIN_GOODPUT_FRACTION: f64 = 0.25;
-
-/// The plan aims at twice the judged fraction, since the estimates of
-/// different tiers err differently (a tier of short prompts admitted first
-/// under overload delivers above its estimate).
-pub const FAIR_PLANNED_FRACTION: f64 = 2.0 * FAIR_MIN_GOODPUT_FRACTION;
 
 /// Score factor that puts a tier short of the fairness floor first.
 const FLOOR_PRIORITY: f64 = 1e6;

@@ -4,8 +4,9 @@
 
 mod commit;
 mod diff;
+pub mod fairness;
 mod greedy;
-pub use greedy::{FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_SHARE};
+pub use fairness::{FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_SHARE};
 mod placement;
 
 use std::sync::Arc;
