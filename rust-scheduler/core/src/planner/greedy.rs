@@ -71,8 +71,6 @@ struct State<'a> {
     chosen: Vec<Chosen>,
     /// Factor on every tier's demand (a uniform surge; 1 = as observed).
     scale: f64,
-    /// Each tier's weight, raised for a tier the fairness floor protects.
-    weights: &'a [f64],
 }
 
 impl<'a> State<'a> {
@@ -101,7 +99,7 @@ impl<'a> State<'a> {
         (self.demand(tier) - self.served(tier, self.caps[tier].total())).max(0.0)
     }
 
-    /// Whether the tier is planned below its fairness floor (see `assign`).
+    /// Whether the tier is planned below the plans' fairness aim (`fairness`).
     fn short_of_fair_floor(&self, tier: usize) -> bool {
         let n = self.input.tiers.len();
         let demand: Vec<f64> = (0..n).map(|t| self.demand(t)).collect();
@@ -241,7 +239,7 @@ impl<'a> State<'a> {
                 } else {
                     1.0
                 };
-                let w = k * self.weights[t] * fairness;
+                let w = k * self.input.tiers[t].weight * fairness;
                 for (mi, &m) in moves.iter().enumerate() {
                     if !fits[mi] || blocked.contains(&(t, mi)) {
                         continue;
@@ -281,33 +279,26 @@ impl<'a> State<'a> {
 /// Fairness floor (`fairness`): while a tier is planned below it, its moves
 /// come first.
 pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
-    let weights: Vec<f64> = input.tiers.iter().map(|t| t.weight).collect();
-    assign_weighted(input, alloc, &weights).0
-}
-
-/// Score factor that puts a tier short of the fairness floor first.
-const FLOOR_PRIORITY: f64 = 1e6;
-
-/// One greedy plan under `weights`; also each tier's planned served rate
-/// at the observed demand.
-fn assign_weighted(input: &GreedyInput, alloc: Allocator, weights: &[f64]) -> (Vec<Chosen>, Vec<f64>) {
-    let base = assign_scaled(input, alloc.clone(), 1.0, weights);
+    let base = assign_scaled(input, alloc.clone(), 1.0);
     let must_cover = base.covered.clone();
     // Only when the observed demand is covered: short of GPUs, the plan for
     // today's demand is the one to run.
     if base.gpus_used == 0 || must_cover.contains(&false) {
-        return (base.chosen, base.served);
+        return base.chosen;
     }
     let covers = |o: &Outcome| must_cover.iter().zip(&o.covered).all(|(&must, &is)| !must || is);
     // The largest surge on a short ladder that the cluster still covers.
     for scale in SURGE_LADDER {
-        let tried = assign_scaled(input, alloc.clone(), scale, weights);
+        let tried = assign_scaled(input, alloc.clone(), scale);
         if covers(&tried) {
-            return (tried.chosen, tried.served);
+            return tried.chosen;
         }
     }
-    (base.chosen, base.served)
+    base.chosen
 }
+
+/// Score factor that puts a tier short of the fairness floor first.
+const FLOOR_PRIORITY: f64 = 1e6;
 
 /// A tier counts as covered when at most this fraction of its demand goes
 /// unserved (a bursty tier's busiest windows may exceed any capacity).
@@ -323,12 +314,9 @@ struct Outcome {
     gpus_used: u32,
     /// Per tier, whether its (scaled) demand is covered.
     covered: Vec<bool>,
-    /// Per tier, what the final plan serves of the observed (unscaled)
-    /// demand.
-    served: Vec<f64>,
 }
 
-fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64, weights: &[f64]) -> Outcome {
+fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
     let total = alloc.free_gpus();
     let mut s = State {
         input,
@@ -336,7 +324,6 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64, weights: &[f
         caps: vec![Capacity::default(); input.tiers.len()],
         chosen: Vec::new(),
         scale,
-        weights,
     };
     let moves = s.moves();
     let slo: Vec<usize> = (0..input.tiers.len()).filter(|&t| !input.tiers[t].background).collect();
@@ -357,14 +344,10 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64, weights: &[f
     let gpus_used = total - s.alloc.free_gpus();
     let covered = (0..input.tiers.len()).map(|t| s.covered(t)).collect();
     phase3_leftovers(&mut s, &slo, &background, &moves);
-    let served = (0..input.tiers.len())
-        .map(|t| input.estimates[t].stats.served(1.0, s.caps[t].total()))
-        .collect();
     Outcome {
         chosen: s.chosen,
         gpus_used,
         covered,
-        served,
     }
 }
 
@@ -372,7 +355,7 @@ fn phase0_one_group_each(s: &mut State, slo: &[usize], background: &[usize], mov
     let by_load = |tiers: &[usize]| {
         let mut v: Vec<usize> = tiers.iter().copied().filter(|&t| s.demand(t) > 0.0).collect();
         v.sort_by(|&a, &b| {
-            let key = |t: usize| s.weights[t] * s.demand(t);
+            let key = |t: usize| s.input.tiers[t].weight * s.demand(t);
             key(b).total_cmp(&key(a)).then(a.cmp(&b))
         });
         v
@@ -450,7 +433,7 @@ fn phase3_leftovers(s: &mut State, slo: &[usize], background: &[usize], moves: &
         // Least covered first: capacity per weighted demand, or GPUs per
         // weight when nobody has demand (a fresh start spreads evenly).
         let coverage = |s: &State, t: usize| {
-            let w = s.weights[t];
+            let w = s.input.tiers[t].weight;
             if any_demand {
                 s.caps[t].total() / (w * s.demand(t))
             } else {
