@@ -1,16 +1,21 @@
 """`tiertp fidelity`: how well does the simulator predict the real system?
 
-Profiles the local engine (`tiertp profile`, or --profile FILE), starts
-`tiertp serve` (or uses --url), and for each load simulates the trace with
-that profile on the same cluster (devices, TP levels and KV slots of the live
-workers, the gateway's control window, the same SLOs, the same capped
-requests) and replays it live. Prints predicted vs measured goodput, SLO
-attainment and TTFT/TPOT p50/p90/p99 per tier with relative errors, and
-writes fidelity.json plus the replay report (both runs side by side).
+Profiles the local engine at the TP levels of --tp-levels (`tiertp profile
+--tp L1,L2`, or --profile FILE with a table for each), starts `tiertp serve
+--tp-levels L1,L2` (or uses --url), and for each load simulates the trace
+with that profile on the same cluster (devices, the same TP levels and the
+KV slots of the live workers, the gateway's control window, the same SLOs,
+the same capped requests) and replays it live. Prints predicted vs measured
+goodput, SLO attainment and TTFT/TPOT p50/p90/p99 per tier with relative
+errors, and writes fidelity.json plus the replay report (both runs side by
+side), with the TP switches and prefill->decode hand-offs of each side (the
+gateway's plans and the agent's counters live, the simulator's own).
 
 Example (this 2-core CPU host, SmolLM2-135M on 2 devices, two tiers):
   tiertp fidelity --trace azure-conv --tier-fractions chat=0.5,agent=0.5 \\
       --rps 0.3,0.6 --duration 120 --max-prompt-tokens 256 --max-output-tokens 32 --out fidelity/
+Several TP levels (tiny-llama: 8 heads, TP 1/2/4; smollm2-135m: 9 heads, TP 1 only here):
+  tiertp fidelity --model tiny-llama --devices 2 --tp-levels 1,2 --trace azure-conv ... --out fidelity-tp12/
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tiertp.commands.load_arguments import (
     length_caps,
     tier_rule,
 )
+from tiertp.commands.worker import parse_tp_levels
 from tiertp.replay.tier_configs import resolve_tiers
 
 
@@ -54,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("system")
     c.add_argument("--model", default="smollm2-135m", help="embedded model or model dir (default %(default)s)")
     c.add_argument("--devices", type=int, default=2, help="devices of the started server (default %(default)s)")
+    c.add_argument("--tp-levels", type=parse_tp_levels, metavar="L1,L2,...",
+                   help="TP levels to profile, serve (tiertp serve --tp-levels) and simulate, e.g. 1,2: the "
+                        "gateway's planner and the simulator plan over exactly these (powers of two including 1, "
+                        "at most --devices, splitting the model's heads; a --profile must have each). "
+                        "Default: the worker's, 1 (no TP switching)")
     c.add_argument("--serve-cpus", type=_cpus, metavar="C1,C2,...",
                    help="pin the started server to these cores (its engines size their threads from them); "
                         "e.g. --devices 1 --serve-cpus 1 serves one single-threaded device as the profile measures")
@@ -81,6 +92,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_tp_levels(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """--tp-levels checked before anything starts, with the checks `tiertp
+    serve` makes (powers of two including 1, at most --devices, the model's
+    heads split evenly: AgentConfig, check_model_fits_tp_levels); with
+    --profile, the file must have a table for each level. None: not given."""
+    from tiertp.fidelity.sim_profile import check_profile_levels
+    from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
+
+    if args.tp_levels is None:
+        return None
+    levels = tuple(sorted(set(args.tp_levels)))
+    # With --url the server's devices are learnt later (the driver checks max level <= them).
+    AgentConfig(devices=max(levels) if args.url else args.devices, tp_levels=levels)
+    if not args.url:
+        check_model_fits_tp_levels(args.model, levels)
+    if args.profile is not None:
+        check_profile_levels(args.profile, levels)
+    return levels
+
+
 def run(args: argparse.Namespace) -> int:
     from tiertp.fidelity.driver import FidelityConfig, run_fidelity
 
@@ -90,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--serve-cpus pins a server this command starts; with --url the server is already running")
     if args.profile is not None and not args.profile.is_file():
         raise ValueError(f"--profile {args.profile}: no such file")
+    tp_levels = check_tp_levels(args)
     cfg = FidelityConfig(
         traces=args.trace,
         rps=args.rps,
@@ -102,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         limits=client_limits(args),
         model=args.model,
         devices=args.devices,
+        tp_levels=tp_levels,
         profile=args.profile,
         profile_quick=args.quick_profile,
         url=args.url,

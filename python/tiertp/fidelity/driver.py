@@ -8,8 +8,9 @@ What keeps the comparison apples to apples:
   goes to the simulator and to the live client;
 - the same SLOs: one tier file, given to `tiertp serve` and the simulator;
 - the same cluster: GPUs = the server's devices, all on one node (one agent);
-  TP levels and KV slots per device = the live worker's (sim_profile.py);
-  the control window = the gateway's;
+  TP levels = the ones the server is started with (--tp-levels: profiled,
+  served, and the simulator's profile cut to exactly them, sim_profile.py);
+  KV slots per device = the live worker's; the control window = the gateway's;
 - the same engine: the profile is measured by `tiertp profile` on this
   machine before the server starts (or given with --profile).
 What still differs is reported with the numbers (docs/fidelity.md).
@@ -30,9 +31,10 @@ import numpy as np
 from tiertp.fidelity.compare import compare, table
 from tiertp.fidelity.defaults import GATEWAY_WINDOW_S, TIERS_CPU_TWO_TIER
 from tiertp.fidelity import provenance
+from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
 from tiertp.fidelity.probe import probe, probe_table
-from tiertp.fidelity.serve_process import ServeProcess
-from tiertp.fidelity.sim_profile import write_sim_profile
+from tiertp.fidelity.serve_process import ServeProcess, free_port
+from tiertp.fidelity.sim_profile import check_profile_levels, write_sim_profile
 from tiertp.replay.driver import GOODPUT_DEFINITION, write_plots
 from tiertp.replay.driver import ReplayConfig as _PlotConfig
 from tiertp.replay.live.caps import LengthCaps
@@ -64,6 +66,7 @@ class FidelityConfig:
     limits: Limits = field(default_factory=Limits)
     model: str = "smollm2-135m"
     devices: int = 2
+    tp_levels: tuple[int, ...] | None = None  # profiled, served and simulated; None: the worker's default (TP 1)
     profile: Path | None = None  # None: measure it with `tiertp profile`
     profile_quick: bool = False
     url: str | None = None  # None: start `tiertp serve`
@@ -78,6 +81,10 @@ class FidelityConfig:
     plots: bool = True
     progress: bool = True
     command_line: list[str] = field(default_factory=list)
+
+    def levels(self) -> list[int]:
+        """The TP levels of this run, sorted."""
+        return sorted(set(self.tp_levels or AgentConfig().tp_levels))
 
 
 @dataclass
@@ -99,12 +106,18 @@ def calibration_scale(unloaded: dict) -> float | None:
     return float(np.median(ratios)) if ratios else None
 
 
-def measure_profile(model: str, out: Path, quick: bool, progress: bool) -> Path:
-    """Run `tiertp profile` for TP levels the live workers serve."""
-    levels = ",".join(str(t) for t in AgentConfig().tp_levels)
+def profile_command(model: str, out: Path, quick: bool, progress: bool, tp_levels: list[int]) -> list[str]:
+    """The `tiertp profile` command line that measures `tp_levels`."""
+    levels = ",".join(str(t) for t in tp_levels)
     cmd = [sys.executable, "-m", "tiertp.cli", "profile", "--model", model, "--tp", levels, "--out", str(out)]
     cmd += ["--quick"] if quick else []
     cmd += [] if progress else ["--no-progress"]
+    return cmd
+
+
+def measure_profile(model: str, out: Path, quick: bool, progress: bool, tp_levels: list[int]) -> Path:
+    """Run `tiertp profile` for the TP levels the live workers serve."""
+    cmd = profile_command(model, out, quick, progress, tp_levels)
     log.info("profiling the engine: %s", " ".join(cmd))
     subprocess.run(cmd, check=True)
     return out
@@ -124,21 +137,30 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
     unknown = [p for p in cfg.sim_policies if p not in _scheduler.SIM_POLICIES]
     if unknown or not cfg.sim_policies:
         raise ValueError(f"unknown simulator policy {unknown}; valid: {', '.join(_scheduler.SIM_POLICIES)}")
+    levels = cfg.levels()
+    if cfg.url is None:
+        AgentConfig(devices=cfg.devices, tp_levels=tuple(levels))  # ValueError names a bad level
+    if cfg.profile is not None:
+        check_profile_levels(cfg.profile, levels)
     measured_profile = cfg.profile or measure_profile(cfg.model, cfg.out / "profile-measured.json",
-                                                      cfg.profile_quick, cfg.progress)
+                                                      cfg.profile_quick, cfg.progress, levels)
     agent = AgentConfig()
     sim_profile_path = cfg.out / "profile-sim.json"
     profile = write_sim_profile(measured_profile, sim_profile_path, agent.max_total_tokens,
-                                list(agent.tp_levels), cfg.iteration_overhead_ms)
+                                levels, cfg.iteration_overhead_ms)
     serve = None
     run = _Run()
     try:
         if cfg.url is None:
             serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus,
-                                 profile=sim_profile_path, window_s=cfg.window_s)
+                                 profile=sim_profile_path, window_s=cfg.window_s, tp_levels=levels,
+                                 worker_port=free_port())
+        run.agent_endpoint = serve.agent_endpoint if serve else None
         session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
                               seed=cfg.seed, tokenizer=cfg.tokenizer or (cfg.model if serve else None))
         gpus = session.info.gpus or cfg.devices
+        if max(levels) > gpus:
+            raise ValueError(f"--tp-levels {','.join(map(str, levels))}: the server has {gpus} device(s)")
         ctx = SimContext(_scheduler.simulate, profile, tiers, gpus, gpus_per_node=gpus, window_s=cfg.window_s,
                          seed=cfg.seed)
         if cfg.probe_per_tier:
@@ -151,7 +173,7 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
                 run.calibration = {"scale": scale, "rule": CALIBRATION_RULE,
                                    "profile": str(cfg.out / "profile-sim-calibrated.json")}
                 calibrated = write_sim_profile(measured_profile, cfg.out / "profile-sim-calibrated.json",
-                                               agent.max_total_tokens, list(agent.tp_levels),
+                                               agent.max_total_tokens, levels,
                                                cfg.iteration_overhead_ms, scale)
                 run.calibrated_ctx = replace(ctx, profile=calibrated)
                 run.say(f"calibrated prediction: every profile cell x{scale:.2f} ({CALIBRATION_RULE})")
@@ -168,7 +190,7 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
         if serve is not None:
             serve.stop()
 
-    config = _config_doc(cfg, session, gpus, agent, measured_profile, tiers, workload)
+    config = _config_doc(cfg, session, gpus, agent, levels, measured_profile, tiers, workload)
     config["policies"] = list(run.results[0].policies) if run.results else config["policies"]
     doc = _clean({**config, "aborted": run.aborted, "unloaded_probe": run.unloaded, "calibration": run.calibration,
                   "loads": run.per_load})
@@ -194,6 +216,7 @@ class _Run:
     calibration: dict | None = None
     calibrated_ctx: SimContext | None = None
     aborted: str | None = None
+    agent_endpoint: str | None = None  # the started server's agent (asked for its move counters)
 
     def say(self, text: str) -> None:
         self.texts.append(text)
@@ -207,7 +230,10 @@ def _one_load(cfg: FidelityConfig, run: _Run, ctx: SimContext, session: LiveSess
     if run.calibrated_ctx is not None:
         primary = cfg.sim_policies[0]
         sims[primary + CALIBRATED] = run_once(run.calibrated_ctx, load, primary, {})
+    before = agent_moves(run.agent_endpoint) if run.agent_endpoint else None
     live = session.run(load, slos, cfg.limits, {"length_caps": caps}, cfg.progress)
+    agent = moves_delta(before, agent_moves(run.agent_endpoint)) if run.agent_endpoint else None
+    moves = summarize(sims, live.timeline, agent, load.window_s)
     run.files.append(cfg.out / f"requests-{load.offered_rps:.1f}rps.csv")
     write_requests_csv(run.files[-1], live.records)
     policies = {p: PolicyAtLoad(o, {label(o.settings): o.metrics.goodput_rps}) for p, o in sims.items()}
@@ -216,11 +242,12 @@ def _one_load(cfg: FidelityConfig, run: _Run, ctx: SimContext, session: LiveSess
     comparisons = {p: compare(o.metrics, live.metrics) for p, o in sims.items()}
     run.per_load.append({"rps": load.rps, "offered_rps": load.offered_rps, "window_s": load.window_s,
                          "requests": len(load.trace), "length_caps": caps, "comparison": comparisons,
-                         "live": live.live})
+                         "live": live.live, "moves": moves})
     head = (f"{load.offered_rps:.2f} req/s offered, {len(load.trace)} requests over {load.window_s:g} s: "
             f"{live.live['completed']} completed, {live.live['failed']} failed live{_host_load(live.live)}")
     for p in sims:
         run.say(f"{head}\nsimulated {p} vs measured (predicted/measured (relative error)):\n{table(comparisons[p])}")
+    run.say(moves_text(moves, cfg.sim_policies[0]))
 
 
 def _host_load(live: dict) -> str:
@@ -232,8 +259,8 @@ def _host_load(live: dict) -> str:
     return f" (host load {host['before']:.1f} -> {host['after']:.1f} on {live.get('host_cpus')} cores)"
 
 
-def _config_doc(cfg: FidelityConfig, session: LiveSession, gpus: int, agent: AgentConfig, measured_profile: Path,
-                tiers, workload) -> dict:
+def _config_doc(cfg: FidelityConfig, session: LiveSession, gpus: int, agent: AgentConfig, levels: list[int],
+                measured_profile: Path, tiers, workload) -> dict:
     """The configuration block of fidelity.json and report.json."""
     return {
         "command": "tiertp fidelity",
@@ -242,6 +269,7 @@ def _config_doc(cfg: FidelityConfig, session: LiveSession, gpus: int, agent: Age
         "url": session.info.base, "model": session.info.model, "devices": gpus,
         "served_by": "tiertp serve started by this run" if cfg.url is None else "a running server (--url)",
         "serve_cpus": cfg.serve_cpus,
+        "tp_levels": levels,
         "traces": cfg.traces,
         "tier_rule": {"tier_map": cfg.tier_rule.tier_map, "fractions": cfg.tier_rule.fractions},
         "tiers_file": str(cfg.tiers_path),
@@ -253,7 +281,7 @@ def _config_doc(cfg: FidelityConfig, session: LiveSession, gpus: int, agent: Age
         "profile_measured": str(measured_profile),
         "profile_sim": str(cfg.out / "profile-sim.json"),
         "simulator": {"policies": cfg.sim_policies, "gpus": gpus, "gpus_per_node": gpus, "window_s": cfg.window_s,
-                      "kv_capacity_tokens_per_device": agent.max_total_tokens, "tp_levels": list(agent.tp_levels),
+                      "kv_capacity_tokens_per_device": agent.max_total_tokens, "tp_levels": levels,
                       "iteration_overhead_ms": cfg.iteration_overhead_ms},
         "policies": [*cfg.sim_policies, LIVE],
         "goodput": f"{GOODPUT_DEFINITION}; {LIVE_GOODPUT_NOTE}",

@@ -9,10 +9,12 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -20,15 +22,24 @@ log = logging.getLogger(__name__)
 _URL = re.compile(r"OpenAI API at (http://\S+)")
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class ServeProcess:
     """A running `tiertp serve --devices N --model M --tiers T --port 0`."""
 
     def __init__(self, model: str, devices: int, tiers_path: Path, log_dir: Path, ready_timeout_s: float = 600.0,
-                 cpus: list[int] | None = None, profile: Path | None = None, window_s: float | None = None):
+                 cpus: list[int] | None = None, profile: Path | None = None, window_s: float | None = None,
+                 tp_levels: list[int] | None = None, worker_port: int | None = None):
         """`cpus`: run serve and everything it starts on these cores only (the
         engines size their thread pools from this affinity mask). `profile` /
-        `window_s`: what the gateway plans with — the simulator's, so both sides
-        run the same planner on the same inputs."""
+        `window_s` / `tp_levels`: what the gateway plans with — the simulator's,
+        so both sides run the same planner on the same inputs (None: serve's
+        defaults). `worker_port`: the agent's ZeroMQ port (`agent_endpoint`),
+        for asking the agent what it did (its `stats`); None: serve picks one."""
         self.log_dir = log_dir
         self.ready_timeout_s = ready_timeout_s
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -39,6 +50,12 @@ class ServeProcess:
             self.cmd += ["--profile", str(profile)]
         if window_s is not None:
             self.cmd += ["--window", str(window_s)]
+        if tp_levels is not None:
+            self.cmd += ["--tp-levels", ",".join(str(t) for t in tp_levels)]
+        self.agent_endpoint: str | None = None
+        if worker_port is not None:
+            self.cmd += ["--worker-port", str(worker_port)]
+            self.agent_endpoint = f"tcp://127.0.0.1:{worker_port}"
         self.output_path = log_dir / "serve.log"
         self._out = open(self.output_path, "w")
         log.info("starting: %s%s", " ".join(self.cmd), f" on cores {cpus}" if cpus else "")

@@ -4,8 +4,11 @@ the engine, told what the live workers really have.
 - KV capacity: a profile measured on CPU carries none (the measurement sizes
   its own pool); each live execution process holds `kv_capacity_tokens` KV
   slots (the worker's --max-total-tokens), so every TP level gets that.
-- TP levels: only those the live workers run (TP 1 today); the planner then
-  cannot plan a TP switch the workers would reject.
+- TP levels: exactly those the live workers run (`tiertp fidelity
+  --tp-levels`, default the worker's, TP 1): the planner then cannot plan a
+  level the workers lack, and with several levels the gateway's planner and
+  the simulator switch over the same ones. The measured profile must have
+  every one of them (`missing_tp_levels`).
 - Optionally a calibration of the engine's speed: every cell multiplied by
   `scale` (the live engine's measured/profiled iteration time, from the
   unloaded probe) and/or a per-iteration overhead (ms) added to it (what a
@@ -19,6 +22,27 @@ import json
 from pathlib import Path
 
 
+def missing_tp_levels(measured: dict, tp_levels) -> list[int]:
+    """The levels of `tp_levels` that the profile document has no table for."""
+    have = {int(k) for k in measured.get("tp_levels", {})}
+    return sorted({int(t) for t in tp_levels} - have)
+
+
+def check_profile_levels(path: Path, tp_levels) -> None:
+    """ValueError naming the missing levels unless the profile file at `path`
+    has a table for every level of `tp_levels`."""
+    try:
+        measured = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--profile {path}: cannot read it as a profile: {e}") from None
+    missing = missing_tp_levels(measured, tp_levels)
+    if missing:
+        have = sorted(int(k) for k in measured.get("tp_levels", {}))
+        want = ",".join(map(str, sorted(set(tp_levels))))
+        raise ValueError(f"--profile {path} has TP levels {have}; --tp-levels {want} needs a table for each: "
+                         f"missing TP level(s) {missing} (measure them: tiertp profile --tp {want} ...)")
+
+
 def sim_profile_doc(measured: dict, kv_capacity_tokens: int, tp_levels: list[int],
                     iteration_overhead_ms: float = 0.0, scale: float = 1.0) -> dict:
     """A copy of the profile document `measured` with the changes above,
@@ -29,10 +53,11 @@ def sim_profile_doc(measured: dict, kv_capacity_tokens: int, tp_levels: list[int
         raise ValueError(f"profile scale must be > 0, got {scale}")
     if iteration_overhead_ms < 0:
         raise ValueError(f"iteration overhead must be >= 0 ms, got {iteration_overhead_ms}")
-    have = sorted(int(k) for k in measured["tp_levels"])
-    missing = [tp for tp in tp_levels if tp not in have]
+    missing = missing_tp_levels(measured, tp_levels)
     if missing:
-        raise ValueError(f"the profile has TP levels {have}; the live workers run {tp_levels} (missing {missing})")
+        have = sorted(int(k) for k in measured["tp_levels"])
+        raise ValueError(f"the profile has TP levels {have}; the live workers run {list(tp_levels)} "
+                         f"(missing {missing})")
     doc = json.loads(json.dumps(measured))
     doc["tp_levels"] = {k: v for k, v in doc["tp_levels"].items() if int(k) in tp_levels}
     for level in doc["tp_levels"].values():
