@@ -26,16 +26,17 @@ pub const FAIR_REPLAN_FRACTION: f64 = 0.5 * FAIR_MIN_GOODPUT_FRACTION;
 /// Whether `tier` is planned below `fraction` of its proportional share,
 /// given every tier's demand and planned served rate (req/s).
 pub fn short_of_floor(tier: usize, fraction: f64, demand: &[f64], served: &[f64]) -> bool {
-    let total_demand: f64 = demand.iter().sum();
+    below(fraction, demand[tier], served[tier], demand.iter().sum(), served.iter().sum())
+}
+
+/// `short_of_floor` for one tier's demand and served rate, given the totals
+/// over all tiers.
+pub fn below(fraction: f64, demand: f64, served: f64, total_demand: f64, total_served: f64) -> bool {
     if total_demand <= 0.0 {
         return false;
     }
-    let share = demand[tier] / total_demand;
-    if share < FAIR_MIN_SHARE {
-        return false;
-    }
-    let total_served: f64 = served.iter().sum();
-    served[tier] < fraction * share * total_served - 1e-9
+    let share = demand / total_demand;
+    share >= FAIR_MIN_SHARE && served < fraction * share * total_served - 1e-9
 }
 
 /// How many tiers are planned below `fraction` of their proportional share.

@@ -102,9 +102,16 @@ impl<'a> State<'a> {
     /// Whether the tier is planned below the plans' fairness aim (`fairness`).
     fn short_of_fair_floor(&self, tier: usize) -> bool {
         let n = self.input.tiers.len();
-        let demand: Vec<f64> = (0..n).map(|t| self.demand(t)).collect();
-        let served: Vec<f64> = (0..n).map(|t| self.served(t, self.caps[t].total())).collect();
-        fairness::short_of_floor(tier, fairness::FAIR_PLANNED_FRACTION, &demand, &served)
+        let served = |t: usize| self.served(t, self.caps[t].total());
+        let total_demand: f64 = (0..n).map(|t| self.demand(t)).sum();
+        let total_served: f64 = (0..n).map(served).sum();
+        fairness::below(
+            fairness::FAIR_PLANNED_FRACTION,
+            self.demand(tier),
+            served(tier),
+            total_demand,
+            total_served,
+        )
     }
 
     /// Whether the unserved part is within `COVERED_SHORTFALL` of demand.
@@ -450,6 +457,21 @@ fn phase3_leftovers(s: &mut State, slo: &[usize], background: &[usize], moves: &
         order.sort_by(|&a, &b| coverage(s, a).total_cmp(&coverage(s, b)).then(a.cmp(&b)));
         let mut progressed = false;
         'tiers: for &t in &order {
+            // The most capacity per GPU first (the first of equals), and the
+            // rest in that order only if fragmentation refuses it.
+            let per_gpu = |m: Move| s.gain(t, m) / f64::from(s.gpus(m));
+            let mut best: Option<(f64, Move)> = None;
+            for &m in moves.iter().filter(|&&m| s.fits(m)) {
+                let g = per_gpu(m);
+                if g > 0.0 && best.is_none_or(|(b, _)| g > b) {
+                    best = Some((g, m));
+                }
+            }
+            let Some((_, first)) = best else { continue };
+            if s.apply(t, first) {
+                progressed = true;
+                break 'tiers;
+            }
             let mut ranked: Vec<(f64, Move)> = moves
                 .iter()
                 .filter(|&&m| s.fits(m))
