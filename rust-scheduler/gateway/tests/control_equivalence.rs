@@ -8,12 +8,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use tiertp_gateway::control::{Control, ControlConfig};
 use tiertp_gateway::error::ApiError;
 use tiertp_gateway::metrics::Metrics;
-use tiertp_gateway::protocol::{DevicePlan, PlanApplied, StatsReply};
-use tiertp_gateway::worker::{Submit, TokenStream, WorkerClient, WorkerError};
+use tiertp_gateway::worker::WorkerClient;
 use tiertp_scheduler::control::Handoff;
 use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::profile::synthetic;
@@ -22,37 +20,8 @@ use tiertp_sim::policy::Route;
 use tiertp_sim::request::TraceRequest;
 use tiertp_sim::{simulate, ControlEvent, SimSettings};
 
-/// A node agent that accepts every plan and reports every device ready.
-struct AcceptingWorker;
-
-#[async_trait]
-impl WorkerClient for AcceptingWorker {
-    fn name(&self) -> &str {
-        "mock"
-    }
-    fn is_alive(&self) -> bool {
-        true
-    }
-    fn submit(&self, _request: Submit) -> Result<TokenStream, WorkerError> {
-        unreachable!("the replay drives the control path, not the workers")
-    }
-    fn cancel(&self, _id: u64) {}
-    fn hand_off(&self, _id: u64, _group: (u32, u32)) {}
-    async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
-        Ok(PlanApplied {
-            plan_id,
-            ok: true,
-            reason: None,
-            switch_ms: 0.0,
-        })
-    }
-    async fn stats(&self) -> Result<StatsReply, WorkerError> {
-        Ok(StatsReply {
-            devices: Vec::new(),
-            plan_id: None,
-        })
-    }
-}
+mod recording;
+use recording::Recorder;
 
 fn tiers() -> TierSet {
     TierSet::new(
@@ -105,7 +74,7 @@ async fn the_gateway_decides_what_the_simulator_decided() {
     // The gateway's control path over one worker with the same GPUs.
     let clock = Arc::new(AtomicU64::new(0));
     let now = clock.clone();
-    let workers: Vec<Arc<dyn WorkerClient>> = vec![Arc::new(AcceptingWorker)];
+    let workers: Vec<Arc<dyn WorkerClient>> = vec![Arc::new(Recorder::default())];
     let config = ControlConfig {
         planner: PlannerConfig::default(),
         window: std::time::Duration::from_secs_f64(settings.window_s),

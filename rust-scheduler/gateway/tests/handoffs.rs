@@ -10,10 +10,9 @@
 //! the real protocol where the wire matters.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use tiertp_gateway::admission::Admission;
@@ -21,15 +20,18 @@ use tiertp_gateway::control::{Control, ControlConfig, GroupKey};
 use tiertp_gateway::error::ApiError;
 use tiertp_gateway::generate::{Running, Start};
 use tiertp_gateway::metrics::Metrics;
-use tiertp_gateway::protocol::{DevicePlan, PlanApplied, Sampling, StatsReply};
+use tiertp_gateway::protocol::Sampling;
 use tiertp_gateway::tokenize::TextCodec;
 use tiertp_gateway::worker::mock::{MockConfig, MockWorker};
 use tiertp_gateway::worker::zmq::ZmqWorker;
-use tiertp_gateway::worker::{Submit, TokenStream, WorkerClient, WorkerError};
+use tiertp_gateway::worker::WorkerClient;
 use tiertp_scheduler::control::Handoff;
 use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::profile::synthetic;
 use tiertp_scheduler::tiers::{Tier, TierSet};
+
+mod recording;
+use recording::Recorder;
 
 /// Bounds waits on the mock agents, so a bug fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(20);
@@ -67,46 +69,6 @@ fn groups(control: &Control, role: &str) -> Vec<GroupKey> {
         .filter(|g| g["role"] == role)
         .map(|g| (g["first_gpu"].as_u64().unwrap() as u32, g["tp"].as_u64().unwrap() as u32))
         .collect()
-}
-
-/// A node agent that records the orders it gets.
-#[derive(Default)]
-struct Recorder {
-    hand_offs: Mutex<Vec<(u64, (u32, u32))>>,
-    cancels: Mutex<Vec<u64>>,
-}
-
-#[async_trait]
-impl WorkerClient for Recorder {
-    fn name(&self) -> &str {
-        "recorder"
-    }
-    fn is_alive(&self) -> bool {
-        true
-    }
-    fn submit(&self, _request: Submit) -> Result<TokenStream, WorkerError> {
-        unreachable!("these requests are placed through the control loop only")
-    }
-    fn cancel(&self, id: u64) {
-        self.cancels.lock().unwrap().push(id);
-    }
-    fn hand_off(&self, id: u64, group: (u32, u32)) {
-        self.hand_offs.lock().unwrap().push((id, group));
-    }
-    async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
-        Ok(PlanApplied {
-            plan_id,
-            ok: true,
-            reason: None,
-            switch_ms: 0.0,
-        })
-    }
-    async fn stats(&self) -> Result<StatsReply, WorkerError> {
-        Ok(StatsReply {
-            devices: Vec::new(),
-            plan_id: None,
-        })
-    }
 }
 
 #[tokio::test(flavor = "current_thread")]
