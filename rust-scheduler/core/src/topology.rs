@@ -3,7 +3,8 @@
 //! ({0,1}, {2,3}, {0..3}, ...), which is what NVLink islands and the
 //! interleaved weight layout both assume.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use thiserror::Error;
 
@@ -109,24 +110,50 @@ pub struct Allocator {
     /// blocks[s] = number of free aligned blocks of size 2^s, all nodes.
     blocks: [u32; 4],
     free_gpus: u32,
-    /// Nodes by (size, free mask): nodes alike offer the same blocks, so
-    /// `allocate` looks at each kind once (a large cluster has few kinds).
-    kinds: BTreeMap<(u32, u8), BTreeSet<usize>>,
+    /// Nodes by (size, free mask), each list in node order: nodes alike
+    /// offer the same blocks, so `allocate` looks at each kind once (a large
+    /// cluster has few kinds).
+    kinds: BTreeMap<(u32, u8), Vec<usize>>,
 }
 
 fn block_mask(local: u32, tp: u32) -> u8 {
     (((1u32 << tp) - 1) << local) as u8
 }
 
-fn count_blocks(size: u32, free: u8) -> [u32; 4] {
-    let mut out = [0; 4];
-    for (s, slot) in out.iter_mut().enumerate() {
+/// What a node of one size with one free mask offers; computed once per
+/// (size, mask) for all allocators.
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeKind {
+    /// Free aligned blocks of size 2^s.
+    blocks: [u32; 4],
+    /// Per block size 2^s, the best-fit block: (size of the largest
+    /// fully-free aligned block enclosing it, local offset).
+    best: [Option<(u32, u32)>; 4],
+}
+
+fn node_kind(size: u32, free: u8) -> &'static NodeKind {
+    static TABLE: OnceLock<Vec<NodeKind>> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        (1..=MAX_GPUS_PER_NODE)
+            .flat_map(|size| (0..=255u8).map(move |free| describe_node(size, free)))
+            .collect()
+    });
+    &table[(size as usize - 1) * 256 + free as usize]
+}
+
+fn describe_node(size: u32, free: u8) -> NodeKind {
+    let mut out = NodeKind::default();
+    for s in 0..4 {
         let tp = 1u32 << s;
         let mut local = 0;
         while local + tp <= size {
             let m = block_mask(local, tp);
             if free & m == m {
-                *slot += 1;
+                out.blocks[s] += 1;
+                let key = (enclosing_free_block(size, free, local, tp), local);
+                if out.best[s].is_none_or(|b| key < b) {
+                    out.best[s] = Some(key);
+                }
             }
             local += tp;
         }
@@ -155,12 +182,12 @@ impl Allocator {
         let free: Vec<u8> = sizes.iter().map(|&s| ((1u32 << s) - 1) as u8).collect();
         let first = (0..sizes.len()).map(|n| cluster.node_first_gpu(n)).collect();
         let mut blocks = [0; 4];
-        let mut kinds: BTreeMap<(u32, u8), BTreeSet<usize>> = BTreeMap::new();
+        let mut kinds: BTreeMap<(u32, u8), Vec<usize>> = BTreeMap::new();
         for (n, &f) in free.iter().enumerate() {
-            for (b, c) in blocks.iter_mut().zip(count_blocks(sizes[n], f)) {
+            for (b, c) in blocks.iter_mut().zip(node_kind(sizes[n], f).blocks) {
                 *b += c;
             }
-            kinds.entry((sizes[n], f)).or_default().insert(n);
+            kinds.entry((sizes[n], f)).or_default().push(n);
         }
         Self {
             free_gpus: sizes.iter().sum(),
@@ -183,19 +210,24 @@ impl Allocator {
 
     fn set_free(&mut self, node: usize, new_free: u8) {
         let (size, old_free) = (self.sizes[node], self.free[node]);
-        let old = count_blocks(size, old_free);
-        let new = count_blocks(size, new_free);
+        let old = node_kind(size, old_free).blocks;
+        let new = node_kind(size, new_free).blocks;
         for s in 0..4 {
             self.blocks[s] = self.blocks[s] - old[s] + new[s];
         }
         self.free_gpus = self.free_gpus - old_free.count_ones() + new_free.count_ones();
         if let Some(nodes) = self.kinds.get_mut(&(size, old_free)) {
-            nodes.remove(&node);
+            if let Ok(i) = nodes.binary_search(&node) {
+                nodes.remove(i);
+            }
             if nodes.is_empty() {
                 self.kinds.remove(&(size, old_free));
             }
         }
-        self.kinds.entry((size, new_free)).or_default().insert(node);
+        let nodes = self.kinds.entry((size, new_free)).or_default();
+        if let Err(i) = nodes.binary_search(&node) {
+            nodes.insert(i, node);
+        }
         self.free[node] = new_free;
     }
 
@@ -207,20 +239,15 @@ impl Allocator {
         if self.available(tp) == 0 {
             return None;
         }
+        let level = tp.trailing_zeros() as usize;
         let mut best: Option<((u32, u32), usize, u32)> = None;
         for (&(size, free), nodes) in &self.kinds {
             // Of nodes alike, the first is the one a scan in node order keeps.
             let Some(&node) = nodes.first() else { continue };
-            let mut local = 0;
-            while local + tp <= size {
-                let m = block_mask(local, tp);
-                if free & m == m {
-                    let key = (enclosing_free_block(size, free, local, tp), free.count_ones());
-                    if best.is_none_or(|(b, n, l)| (key, node, local) < (b, n, l)) {
-                        best = Some((key, node, local));
-                    }
-                }
-                local += tp;
+            let Some((enclosing, local)) = node_kind(size, free).best[level] else { continue };
+            let key = (enclosing, free.count_ones());
+            if best.is_none_or(|(b, n, l)| (key, node, local) < (b, n, l)) {
+                best = Some((key, node, local));
             }
         }
         let (_, node, local) = best?;

@@ -69,8 +69,18 @@ struct State<'a> {
     alloc: Allocator,
     caps: Vec<Capacity>,
     chosen: Vec<Chosen>,
+    /// Per tier, what its capacity serves now (`served` of `caps[t]`),
+    /// kept with `caps` so each step reads it instead of integrating again.
+    served_now: Vec<f64>,
     /// Factor on every tier's demand (a uniform surge; 1 = as observed).
     scale: f64,
+}
+
+/// One tier's move values at its current capacity: per move, the capacity
+/// it adds and the extra requests served. Valid until the tier's capacity
+/// changes.
+struct TierMoves {
+    gain_and_served: Vec<(f64, f64)>,
 }
 
 impl<'a> State<'a> {
@@ -96,19 +106,18 @@ impl<'a> State<'a> {
 
     /// Demand the tier's capacity does not serve.
     fn unmet(&self, tier: usize) -> f64 {
-        (self.demand(tier) - self.served(tier, self.caps[tier].total())).max(0.0)
+        (self.demand(tier) - self.served_now[tier]).max(0.0)
     }
 
     /// Whether the tier is planned below the plans' fairness aim (`fairness`).
     fn short_of_fair_floor(&self, tier: usize) -> bool {
         let n = self.input.tiers.len();
-        let served = |t: usize| self.served(t, self.caps[t].total());
         let total_demand: f64 = (0..n).map(|t| self.demand(t)).sum();
-        let total_served: f64 = (0..n).map(served).sum();
+        let total_served: f64 = self.served_now.iter().sum();
         fairness::below(
             fairness::FAIR_PLANNED_FRACTION,
             self.demand(tier),
-            served(tier),
+            self.served_now[tier],
             total_demand,
             total_served,
         )
@@ -217,7 +226,22 @@ impl<'a> State<'a> {
             }
             self.chosen.push(c);
         }
+        self.served_now[tier] = self.served(tier, self.caps[tier].total());
         true
+    }
+
+    fn tier_moves(&self, tier: usize, moves: &[Move]) -> TierMoves {
+        let cap = self.caps[tier].total();
+        let served_now = self.served_now[tier];
+        let gain_and_served = moves
+            .iter()
+            .map(|&m| {
+                let gain = self.gain(tier, m);
+                let served = if gain > 0.0 { self.served(tier, cap + gain) - served_now } else { 0.0 };
+                (gain, served)
+            })
+            .collect();
+        TierMoves { gain_and_served }
     }
 
     /// Repeatedly applies the best-scoring move over `tiers`; stops when no
@@ -229,6 +253,9 @@ impl<'a> State<'a> {
     fn run(&mut self, tiers: &[usize], moves: &[Move], factor: impl Fn(&Self, usize) -> f64) {
         let mut blocked: Vec<(usize, usize)> = Vec::new();
         let mut fits = vec![false; moves.len()];
+        let gpus: Vec<f64> = moves.iter().map(|&m| f64::from(self.gpus(m))).collect();
+        // Only the tier a move went to changes its move values.
+        let mut values: Vec<Option<TierMoves>> = (0..self.input.tiers.len()).map(|_| None).collect();
         loop {
             for (f, &m) in fits.iter_mut().zip(moves) {
                 *f = self.fits(m);
@@ -239,26 +266,20 @@ impl<'a> State<'a> {
                 if k <= 0.0 {
                     continue;
                 }
-                let cap = self.caps[t].total();
-                let served_now = self.served(t, cap);
                 let fairness = if self.input.fairness_weighting {
-                    (self.demand(t) - served_now).max(0.0)
+                    (self.demand(t) - self.served_now[t]).max(0.0)
                 } else {
                     1.0
                 };
                 let w = k * self.input.tiers[t].weight * fairness;
-                for (mi, &m) in moves.iter().enumerate() {
-                    if !fits[mi] || blocked.contains(&(t, mi)) {
+                let tier_values = values[t].get_or_insert_with(|| self.tier_moves(t, moves));
+                for (mi, &(gain, served)) in tier_values.gain_and_served.iter().enumerate() {
+                    if gain <= 0.0 || !fits[mi] || blocked.contains(&(t, mi)) {
                         continue;
                     }
-                    let gain = self.gain(t, m);
-                    if gain <= 0.0 {
-                        continue;
-                    }
-                    let gpus = f64::from(self.gpus(m));
                     // Ties (several moves cover the unmet demand) go to the
                     // move with the most capacity per GPU.
-                    let s = (w * (self.served(t, cap + gain) - served_now) / gpus, gain / gpus);
+                    let s = (w * served / gpus[mi], gain / gpus[mi]);
                     if s.0 > 0.0 && best.is_none_or(|(b, _, _)| s > b) {
                         best = Some((s, t, mi));
                     }
@@ -266,6 +287,7 @@ impl<'a> State<'a> {
             }
             let Some((_, t, mi)) = best else { return };
             if self.apply(t, moves[mi]) {
+                values[t] = None;
                 blocked.clear();
             } else {
                 blocked.push((t, mi));
@@ -294,14 +316,58 @@ pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
         return base.chosen;
     }
     let covers = |o: &Outcome| must_cover.iter().zip(&o.covered).all(|(&must, &is)| !must || is);
+    let free = f64::from(alloc.free_gpus());
     // The largest surge on a short ladder that the cluster still covers.
     for scale in SURGE_LADDER {
+        if fewest_gpus_to_cover(input, scale) > free {
+            continue;
+        }
         let tried = assign_scaled(input, alloc.clone(), scale);
         if covers(&tried) {
             return tried.chosen;
         }
     }
     base.chosen
+}
+
+/// A lower bound on the GPUs that cover every tier's demand scaled by
+/// `scale`: each tier at its most GPU-efficient rate, colocated or as a
+/// prefill+decode mix. A surge above what the cluster has cannot be covered,
+/// so the greedy need not try it (the bound errs low: same decisions).
+fn fewest_gpus_to_cover(input: &GreedyInput, scale: f64) -> f64 {
+    let needed: f64 = input
+        .estimates
+        .iter()
+        .map(|est| {
+            let demand = est.stats.arrival_rate * scale;
+            if demand <= 0.0 {
+                return 0.0;
+            }
+            let (mut colocated, mut prefill, mut decode) = (0.0_f64, 0.0_f64, 0.0_f64);
+            for (e, &tp) in est.per_tp.iter().zip(input.tp_levels) {
+                let per_gpu = input.utilization / f64::from(tp);
+                colocated = colocated.max(per_gpu * e.colocated.throughput_rps);
+                prefill = prefill.max(per_gpu * e.prefill.throughput_rps);
+                decode = decode.max(per_gpu * e.decode.throughput_rps);
+            }
+            let mut best = 0.0_f64;
+            if input.allow_colocated {
+                best = best.max(colocated);
+            }
+            if input.allow_disaggregated && prefill + decode > 0.0 {
+                best = best.max(prefill * decode / (prefill + decode));
+            }
+            // Covered means at most COVERED_SHORTFALL unserved.
+            let to_serve = (1.0 - COVERED_SHORTFALL) * demand;
+            if best > 0.0 {
+                to_serve / best
+            } else {
+                f64::INFINITY
+            }
+        })
+        .sum();
+    // Rounding in the greedy's sums must never turn the bound into a refusal.
+    needed * (1.0 - 1e-9) - 1e-6
 }
 
 /// Score factor that puts a tier short of the fairness floor first.
@@ -330,8 +396,12 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
         alloc,
         caps: vec![Capacity::default(); input.tiers.len()],
         chosen: Vec::new(),
+        served_now: vec![0.0; input.tiers.len()],
         scale,
     };
+    for t in 0..input.tiers.len() {
+        s.served_now[t] = s.served(t, 0.0);
+    }
     let moves = s.moves();
     let slo: Vec<usize> = (0..input.tiers.len()).filter(|&t| !input.tiers[t].background).collect();
     let background: Vec<usize> = (0..input.tiers.len()).filter(|&t| input.tiers[t].background).collect();
