@@ -10,6 +10,12 @@ FAIR_MIN_REQUEST_SHARE: float
 FAIR_MIN_GOODPUT_FRACTION: float
 ROLES: list[str]
 DISPATCH_CLASSES: list[str]
+# Defaults written once, in Rust: the control window (s), the node size of a
+# cluster given as a GPU count, and where the gateway listens.
+DEFAULT_WINDOW_S: float
+DEFAULT_GPUS_PER_NODE: int
+DEFAULT_GATEWAY_HOST: str
+DEFAULT_GATEWAY_PORT: int
 
 class ProfileError(ValueError):
     """A profile file or query is invalid."""
@@ -172,7 +178,9 @@ class GatewayServer:
     planner's profile JSON (None: the synthetic one); `tp_levels`: TP levels
     the planner may use (give the levels the workers run; None: the
     planner's default); `window_s`: the control window (None: the gateway's
-    default, 5 s; allowed 0.25-5 s). Tier limits come from the tiers file.
+    default, DEFAULT_WINDOW_S; allowed 0.25-5 s). Other options left None
+    take the gateway's defaults (DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT,
+    its worker and connect timeouts). Tier limits come from the tiers file.
     """
 
     def __init__(
@@ -181,11 +189,11 @@ class GatewayServer:
         model: str,
         model_dir: str,
         workers: list[tuple[str, int]],
-        host: str = "127.0.0.1",
-        port: int = 8000,
+        host: str | None = None,
+        port: int | None = None,
         threads: int = 2,
-        worker_timeout_s: float = 120.0,
-        connect_timeout_s: float = 10.0,
+        worker_timeout_s: float | None = None,
+        connect_timeout_s: float | None = None,
         profile_path: str | None = None,
         tp_levels: list[int] | None = None,
         window_s: float | None = None,
@@ -196,7 +204,10 @@ class GatewayServer:
     def running(self) -> bool: ...
     def shutdown(self, timeout_s: float = 10.0) -> None: ...
 
+# The simulator's policies (the one list), and the settings each reads
+# (keywords of `simulate`: what a sweep of its configurations varies).
 SIM_POLICIES: list[str]
+SIM_POLICY_SETTINGS: dict[str, list[str]]
 
 def simulate(
     profile: Profile,

@@ -47,7 +47,8 @@ def _cpus(spec: str) -> list[int]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from tiertp.fidelity.defaults import GATEWAY_WINDOW_S, TIERS_CPU_TWO_TIER
+    from tiertp._scheduler import DEFAULT_WINDOW_S
+    from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
 
     p = sub.add_parser("fidelity", help="simulated vs live replay of one trace: predicted vs measured goodput",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quick-profile", action="store_true", help="tiertp profile --quick (a tiny grid; tests only)")
     c.add_argument("--sim-policy", default="tiertp",
                    help="simulator policies to compare, comma list; the first is the prediction (default %(default)s)")
-    c.add_argument("--window", type=float, default=GATEWAY_WINDOW_S, metavar="S",
+    c.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
                    help="simulator control window (default: the gateway's, %(default)s s)")
     c.add_argument("--iteration-overhead-ms", type=float, default=0.0, metavar="MS",
                    help="add MS to every profile cell for the simulator (a step-runner overhead; default 0)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tiertp._scheduler import DEFAULT_GPUS_PER_NODE, DEFAULT_WINDOW_S
 from tiertp.commands.load_arguments import (
     add_client_limit_arguments,
     add_length_cap_arguments,
@@ -72,9 +73,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("cluster")
     add_profile_arguments(p)
     c.add_argument("--gpus", type=int, help=f"default: {DEFAULTS['gpus']}")
-    c.add_argument("--gpus-per-node", type=int, default=8)
+    c.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE, help="default: %(default)s")
     c.add_argument("--policies", help=f"'{ALL}' or a comma list of simulator policies (default: {DEFAULTS['policies']})")
-    c.add_argument("--window", type=float, default=1.0, metavar="S", help="control window (s)")
+    c.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
+                   help="control window (s; default: %(default)s)")
     c.add_argument("--switch-ms", type=float, help="TP switch stop time (default: the simulator's)")
     c.add_argument("--kv-gbps", type=float, help="KV transfer bandwidth, GB/s (default: the simulator's)")
     lv = p.add_argument_group("live replay (--live)")

@@ -29,6 +29,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT
 from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
@@ -68,8 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=float, default=None, metavar="S",
                    help="control window in seconds, 0.25-5: the planner runs and worker health is polled this "
                         "often (default: the gateway's)")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: a free one; default 8000)")
+    p.add_argument("--host", default=DEFAULT_GATEWAY_HOST, help="HTTP address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_GATEWAY_PORT, help="HTTP port (0: a free one; default %(default)s)")
     p.add_argument("--worker-port", type=int, default=0,
                    help="loopback TCP port of the agent's ZeroMQ socket (0: a free one)")
     p.add_argument("--ready-timeout", type=float, default=600.0,

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tiertp._scheduler import DEFAULT_WINDOW_S
 from tiertp.fidelity.compare import compare, table
-from tiertp.fidelity.defaults import GATEWAY_WINDOW_S, TIERS_CPU_TWO_TIER
+from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
 from tiertp.fidelity import provenance
 from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
 from tiertp.fidelity.probe import probe, probe_table
@@ -73,7 +74,10 @@ class FidelityConfig:
     serve_cpus: list[int] | None = None  # cores the started server may use (None: all)
     tokenizer: str | None = None  # prompts' tokenizer; default: `model` (started server) or the served name
     sim_policies: list[str] = field(default_factory=lambda: ["tiertp"])
-    window_s: float = GATEWAY_WINDOW_S
+    # The control window both sides plan with: a started server is given it
+    # (`tiertp serve --window`); the default is the gateway's, which a server
+    # given with --url runs unless it was started otherwise.
+    window_s: float = DEFAULT_WINDOW_S
     iteration_overhead_ms: float = 0.0
     cooldown_s: float = 5.0
     probe_per_tier: int = 2  # unloaded probe requests per tier (0: none)

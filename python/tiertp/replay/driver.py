@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiertp._scheduler import DEFAULT_GPUS_PER_NODE, DEFAULT_WINDOW_S
 from tiertp.replay import plots
 from tiertp.replay.metrics import TierSlo
 from tiertp.replay.policies import KNOB_VALUES, SWEPT, parse_policies, sim_policies
@@ -39,8 +40,8 @@ class ReplayConfig:
     policies: str = "all"
     rps: list[float] | None = None
     duration_s: float | None = None
-    gpus_per_node: int = 8
-    window_s: float = 1.0
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    window_s: float = DEFAULT_WINDOW_S
     switch_ms: float | None = None
     kv_gbps: float | None = None
     seed: int = 0

@@ -1,53 +1,39 @@
 """Which policies replay runs and the settings each is given.
 
-The policy names are the simulator's (`tiertp._scheduler.SIM_POLICIES`, the
-one list, defined in Rust). Baselines get their best settings with
-hindsight: every variant in their grid is replayed at each load and the one
-with the highest goodput is reported (DESIGN.md §5). SWEPT and KNOB_VALUES
-below are the one settings grid.
+The policy names, and the settings each policy reads, are the simulator's
+(`tiertp._scheduler.SIM_POLICIES` and `SIM_POLICY_SETTINGS`: the one list,
+defined in Rust). Baselines get their best settings with hindsight: every
+variant in their grid (every combination of KNOB_VALUES over the settings
+the policy reads) is replayed at each load and the one with the highest
+goodput is reported (DESIGN.md §5).
 """
 
 from __future__ import annotations
 
 import itertools
 
+from tiertp import _scheduler
+
 TP_LEVELS = (1, 2, 4, 8)
 PREFILL_SHARES = (0.25, 0.5)
 # knob (a keyword of _scheduler.simulate) -> the values swept.
 KNOB_VALUES: dict[str, tuple] = {"tp": TP_LEVELS, "prefill_share": PREFILL_SHARES}
-# policy -> knobs swept with hindsight (() = one run with the policy's own settings).
-SWEPT: dict[str, tuple[str, ...]] = {
-    "tiertp": (),
-    "tiertp-no-fairness": (),
-    "tiertp-naive-switch": (),
-    "tiertp-static-tp": ("tp",),
-    "sglang": ("tp",),
-    "sglang-pd": ("tp", "prefill_share"),
-    "sglang-slo": ("tp",),
-    "split": (),
-    "llumnix": ("tp",),
-    "chiron": ("tp",),
-    # The ceiling searches plans with hindsight: its own loop over every TP
-    # level, and every static level (WITH_OWN_SETTINGS); the sweep adds
-    # every other policy's configuration (sweep._oracle_searches_all).
-    "oracle": ("tp",),
-}
+# policy -> knobs swept with hindsight (() = one run with the policy's own
+# settings). The ceiling (oracle) searches plans with hindsight: its own loop
+# over every TP level, and every static level (WITH_OWN_SETTINGS); the sweep
+# adds every other policy's configuration (sweep._oracle_searches_all).
+SWEPT: dict[str, tuple[str, ...]] = {p: tuple(knobs) for p, knobs in _scheduler.SIM_POLICY_SETTINGS.items()}
 # Policies whose sweep also includes a run with the policy's own settings.
 WITH_OWN_SETTINGS = frozenset({"oracle"})
 ALL = "all"
 
 
 def sim_policies() -> list[str]:
-    """The simulator's policy names; a clear error when this build lacks it."""
-    from tiertp import _scheduler
-
-    names = getattr(_scheduler, "SIM_POLICIES", None)
-    if names is None or not hasattr(_scheduler, "simulate"):
-        raise RuntimeError("this build of tiertp._scheduler has no simulator; rebuild it with ./scripts/setup.sh")
-    missing = [p for p in names if p not in SWEPT]
-    if missing:
-        raise RuntimeError(f"simulator policies {missing} have no settings grid in tiertp.replay.policies.SWEPT")
-    return list(names)
+    """The simulator's policy names, each with a settings grid."""
+    unknown = [k for knobs in SWEPT.values() for k in knobs if k not in KNOB_VALUES]
+    if unknown:
+        raise RuntimeError(f"simulator settings {unknown} have no values in tiertp.replay.policies.KNOB_VALUES")
+    return list(_scheduler.SIM_POLICIES)
 
 
 def parse_policies(spec: str, valid: list[str]) -> list[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tiertp._scheduler import DEFAULT_GPUS_PER_NODE, DEFAULT_WINDOW_S
 from tiertp.replay.conservation import check_conservation
 from tiertp.replay.metrics import RunMetrics, TierSlo, compute_metrics
 from tiertp.replay.policies import label
@@ -26,8 +27,8 @@ class SimContext:
     profile: object
     tiers: object
     gpus: int
-    gpus_per_node: int = 8
-    window_s: float = 1.0
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
+    window_s: float = DEFAULT_WINDOW_S
     switch_ms: float | None = None
     kv_gbps: float | None = None
     seed: int = 0

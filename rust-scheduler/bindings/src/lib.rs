@@ -3,6 +3,7 @@
 //! maps each core error family to one Python exception (all ValueErrors).
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 mod batch;
 mod convert;
@@ -33,7 +34,19 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(gateway::bench_gateway, m)?)?;
     m.add_class::<serve::GatewayServer>()?;
-    m.add("SIM_POLICIES", tiertp_sim::POLICIES.map(|p| p.0).to_vec())?;
+    // The one list of policies, and the settings each reads (what replay sweeps).
+    let table = tiertp_sim::policy::POLICY_TABLE;
+    m.add("SIM_POLICIES", table.map(|p| p.name).to_vec())?;
+    let settings = PyDict::new(m.py());
+    for p in table {
+        settings.set_item(p.name, p.settings.to_vec())?;
+    }
+    m.add("SIM_POLICY_SETTINGS", settings)?;
+    m.add("DEFAULT_WINDOW_S", tiertp_scheduler::defaults::WINDOW_S)?;
+    m.add("DEFAULT_GPUS_PER_NODE", tiertp_scheduler::defaults::GPUS_PER_NODE)?;
+    let bind = tiertp_gateway::config::DEFAULT_BIND;
+    m.add("DEFAULT_GATEWAY_HOST", bind.ip().to_string())?;
+    m.add("DEFAULT_GATEWAY_PORT", bind.port())?;
     m.add("FAIR_MIN_REQUEST_SHARE", tiertp_scheduler::planner::FAIR_MIN_SHARE)?;
     m.add("FAIR_MIN_GOODPUT_FRACTION", tiertp_scheduler::planner::FAIR_MIN_GOODPUT_FRACTION)?;
     m.add("ROLES", tiertp_scheduler::plan::Role::ALL.map(|r| r.name()).to_vec())?;

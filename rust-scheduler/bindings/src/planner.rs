@@ -3,10 +3,11 @@ use std::collections::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::Value;
+use tiertp_scheduler::defaults::GPUS_PER_NODE;
 use tiertp_scheduler::plan as core_plan;
 use tiertp_scheduler::planner::{self as core, PlannerConfig};
 use tiertp_scheduler::stats::TierStats as CoreStats;
-use tiertp_scheduler::topology::{Cluster, MAX_GPUS_PER_NODE};
+use tiertp_scheduler::topology::Cluster;
 
 use crate::convert;
 use crate::errors::plan_err;
@@ -126,7 +127,7 @@ impl Planner {
         let cluster = match (gpus, nodes) {
             (Some(_), Some(_)) => return Err(plan_err("give either gpus or nodes, not both")),
             (None, None) => return Err(plan_err("give the cluster size: gpus=N or nodes=[...]")),
-            (Some(g), None) => Cluster::uniform(g, gpus_per_node.unwrap_or(MAX_GPUS_PER_NODE)),
+            (Some(g), None) => Cluster::uniform(g, gpus_per_node.unwrap_or(GPUS_PER_NODE)),
             (None, Some(n)) => Cluster::new(n),
         }
         .map_err(plan_err)?;

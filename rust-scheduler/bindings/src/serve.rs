@@ -3,7 +3,7 @@
 //! only starts it, reads its address and stops it. The GIL is released while
 //! the gateway starts and stops.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -26,7 +26,8 @@ fn gateway_err(e: GatewayError) -> PyErr {
 
 /// A running gateway. Starting connects to the worker agents and binds
 /// `host:port` (0: a free port); `shutdown()` stops accepting, lets
-/// in-flight requests finish and stops the runtime. `profile_path` is the
+/// in-flight requests finish and stops the runtime. Options left None take
+/// the gateway's defaults (`GatewayConfig::new`). `profile_path` is the
 /// planner's profile JSON (None: the synthetic one), `tp_levels` the TP
 /// levels the planner may use (None: the planner's default; give the
 /// levels the workers run), `window_s` the control window (None: the
@@ -42,7 +43,7 @@ pub struct GatewayServer {
 #[pymethods]
 impl GatewayServer {
     #[new]
-    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = "127.0.0.1".to_string(), port = 8000, threads = 2, worker_timeout_s = 120.0, connect_timeout_s = 10.0, profile_path = None, tp_levels = None, window_s = None))]
+    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = None, port = None, threads = 2, worker_timeout_s = None, connect_timeout_s = None, profile_path = None, tp_levels = None, window_s = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -50,22 +51,19 @@ impl GatewayServer {
         model: String,
         model_dir: String,
         workers: Vec<(String, u32)>,
-        host: String,
-        port: u16,
+        host: Option<String>,
+        port: Option<u16>,
         threads: usize,
-        worker_timeout_s: f64,
-        connect_timeout_s: f64,
+        worker_timeout_s: Option<f64>,
+        connect_timeout_s: Option<f64>,
         profile_path: Option<String>,
         tp_levels: Option<Vec<u32>>,
         window_s: Option<f64>,
     ) -> PyResult<Self> {
         let tiers = TierSet::load(&tiers_path).map_err(tier_err)?;
-        let ip: IpAddr = host
-            .parse()
-            .map_err(|_| PyValueError::new_err(format!("host {host:?} is not an IP address")))?;
         for (name, v) in [
-            ("worker_timeout_s", Some(worker_timeout_s)),
-            ("connect_timeout_s", Some(connect_timeout_s)),
+            ("worker_timeout_s", worker_timeout_s),
+            ("connect_timeout_s", connect_timeout_s),
             ("window_s", window_s),
         ] {
             if let Some(v) = v.filter(|v| !(v.is_finite() && *v > 0.0)) {
@@ -74,9 +72,21 @@ impl GatewayServer {
         }
         let specs = workers.into_iter().map(|(endpoint, gpus)| WorkerSpec { endpoint, gpus }).collect();
         let mut config = GatewayConfig::new(&model, TokenizerSource::Dir(PathBuf::from(model_dir)), tiers, specs);
-        config.bind = SocketAddr::new(ip, port);
-        config.worker_timeout = Duration::from_secs_f64(worker_timeout_s);
-        config.connect_timeout = Duration::from_secs_f64(connect_timeout_s);
+        if let Some(host) = host {
+            let ip: IpAddr = host
+                .parse()
+                .map_err(|_| PyValueError::new_err(format!("host {host:?} is not an IP address")))?;
+            config.bind.set_ip(ip);
+        }
+        if let Some(port) = port {
+            config.bind.set_port(port);
+        }
+        if let Some(t) = worker_timeout_s {
+            config.worker_timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(t) = connect_timeout_s {
+            config.connect_timeout = Duration::from_secs_f64(t);
+        }
         config.profile = profile_path.map(PathBuf::from);
         if let Some(levels) = tp_levels {
             config.planner.tp_levels = levels;

@@ -68,7 +68,7 @@ impl ArrivalObserver {
         py: Python<'_>,
     ) -> PyResult<Self> {
         let memory_s = memory_s.unwrap_or(horizon_s);
-        let window_s = window_s.unwrap_or(tiertp_scheduler::control::ControlConfig::default().window_s);
+        let window_s = window_s.unwrap_or(tiertp_scheduler::defaults::WINDOW_S);
         for (name, v) in [("horizon_s", horizon_s), ("memory_s", memory_s), ("window_s", window_s)] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(plan_err(format!("{name} = {v}: must be a finite number > 0")));

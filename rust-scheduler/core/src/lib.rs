@@ -9,6 +9,7 @@
 pub mod batch_policy;
 pub mod bench;
 pub mod control;
+pub mod defaults;
 pub mod dispatcher;
 pub mod estimator;
 pub mod live_view;

@@ -3,11 +3,12 @@
 //! (bindings: `GatewayServer`) and calls `server::run_gateway`. Tier limits
 //! are part of the tiers (core `TierLimits`, from the tier file).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use thiserror::Error;
+use tiertp_scheduler::defaults;
 use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::tiers::TierSet;
 
@@ -45,6 +46,9 @@ pub struct WorkerSpec {
     pub gpus: u32,
 }
 
+/// Where the gateway listens unless told otherwise.
+pub const DEFAULT_BIND: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8000);
+
 /// The control windows the design allows (DESIGN.md §1).
 pub const WINDOW_RANGE: (Duration, Duration) = (Duration::from_millis(250), Duration::from_secs(5));
 
@@ -79,14 +83,14 @@ pub struct GatewayConfig {
 impl GatewayConfig {
     pub fn new(model: &str, tokenizer: TokenizerSource, tiers: TierSet, workers: Vec<WorkerSpec>) -> Self {
         Self {
-            bind: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            bind: DEFAULT_BIND,
             model: model.to_string(),
             tokenizer,
             tiers,
             profile: None,
             workers,
             planner: PlannerConfig::default(),
-            window: Duration::from_secs(1),
+            window: Duration::from_secs_f64(defaults::WINDOW_S),
             stats_timeout: Duration::from_secs(5),
             worker_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),

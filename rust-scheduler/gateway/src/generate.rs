@@ -10,11 +10,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tiertp_scheduler::dispatcher::DispatchClass;
+use tiertp_scheduler::plan::GroupKey;
 use tiertp_scheduler::tiers::TierId;
 use tokio::sync::oneshot;
 
 use crate::admission::Permit;
-use crate::control::{Control, GroupKey};
+use crate::control::Control;
 use crate::error::ApiError;
 use crate::protocol::codes;
 use crate::tokenize::TextCodec;
@@ -88,7 +90,7 @@ impl Running {
             tier: control.tiers().tiers()[s.tier].name.clone(),
             input_ids: s.input_ids,
             sampling: s.sampling,
-            class: "feasible",
+            class: DispatchClass::Feasible,
             group: None,
             start_within_s: None,
         };

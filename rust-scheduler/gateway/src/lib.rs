@@ -4,15 +4,16 @@
 //! runs every control window and its plan changes go to the agents.
 
 pub mod admission;
+pub mod app;
 pub mod bench;
 pub mod config;
 pub mod control;
 pub mod error;
 pub mod generate;
-pub mod handoff;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;
 pub mod server;
+pub mod stream;
 pub mod tokenize;
 pub mod worker;

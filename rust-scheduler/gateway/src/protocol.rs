@@ -3,6 +3,8 @@
 //! client and the mock worker use these types, so they cannot drift apart.
 
 use serde::{Deserialize, Serialize};
+use tiertp_scheduler::dispatcher::DispatchClass;
+use tiertp_scheduler::plan::GroupKey;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sampling {
@@ -20,7 +22,7 @@ pub struct DevicePlan {
     pub device: u32,
     pub role: String,
     pub tier: String,
-    pub tp_group: (u32, u32),
+    pub tp_group: GroupKey,
     pub batch_cap: u32,
     pub token_cap: u32,
 }
@@ -33,9 +35,10 @@ pub enum ClientMsg {
         tier: String,
         input_ids: Vec<u32>,
         sampling: Sampling,
-        class: String,
+        #[serde(with = "class_name")]
+        class: DispatchClass,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        group: Option<(u32, u32)>,
+        group: Option<GroupKey>,
         /// Seconds from its arrival at the agent by which the request must
         /// start prefilling to meet its TTFT (none: no deadline); past it
         /// the worker sheds it (`slo_unattainable`).
@@ -50,7 +53,7 @@ pub enum ClientMsg {
     /// agent answers `handed_off`; the request's stream goes on either way.
     HandOff {
         id: u64,
-        group: (u32, u32),
+        group: GroupKey,
     },
     ApplyPlan {
         plan_id: u64,
@@ -91,7 +94,7 @@ pub struct DeviceStats {
     #[serde(default)]
     pub tier: Option<String>,
     #[serde(default)]
-    pub tp_group: Option<(u32, u32)>,
+    pub tp_group: Option<GroupKey>,
     #[serde(default)]
     pub running: u32,
     #[serde(default)]
@@ -153,7 +156,7 @@ impl HandOffFailure {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HandedOff {
     pub id: u64,
-    pub group: (u32, u32),
+    pub group: GroupKey,
     pub ok: bool,
     #[serde(default)]
     pub code: Option<HandOffFailure>,
@@ -197,6 +200,21 @@ pub mod device_states {
     pub const DEAD: &str = "dead";
 }
 
+/// A dispatch class on the wire: its name (`DispatchClass::name`).
+mod class_name {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use tiertp_scheduler::dispatcher::DispatchClass;
+
+    pub fn serialize<S: Serializer>(class: &DispatchClass, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(class.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DispatchClass, D::Error> {
+        DispatchClass::parse(&String::deserialize(d)?).map_err(D::Error::custom)
+    }
+}
+
 /// Encodes a message as a msgpack map (field names, as the Python side reads them).
 pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
     rmp_serde::to_vec_named(msg).expect("protocol messages always serialize")
@@ -223,11 +241,17 @@ mod tests {
                 seed: None,
                 stop_token_ids: vec![0],
             },
-            class: "feasible".into(),
+            class: DispatchClass::BestEffort,
             group: Some((0, 1)),
             start_within_s: Some(0.25),
         };
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
+        // The class travels as its name; an unknown one is refused, naming the valid ones.
+        let mut wire: serde_json::Value = rmp_serde::from_slice(&encode(&m)).unwrap();
+        assert_eq!(wire["class"], "best_effort");
+        wire["class"] = "vip".into();
+        let e = decode::<ClientMsg>(&encode(&wire)).unwrap_err().to_string();
+        assert!(e.contains("vip") && e.contains("best_effort"), "{e}");
         let m = ClientMsg::HandOff { id: 7, group: (2, 2) };
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
         for m in [

@@ -95,7 +95,7 @@ async fn the_gateway_decides_what_the_simulator_decided() {
                 let got = control.place(u64::from(*request), r.tier, r.prompt_tokens, r.output_tokens, &[], true);
                 match (route, got) {
                     (Route::To(key, class), Ok(p)) => {
-                        assert_eq!((*key, class.name()), (p.key, p.class), "request {request} at {time_s}");
+                        assert_eq!((*key, *class), (p.key, p.class), "request {request} at {time_s}");
                         admitted += 1;
                     }
                     (Route::Reject, Err(ApiError::Overloaded { .. } | ApiError::NoCapacity(_))) => shed += 1,

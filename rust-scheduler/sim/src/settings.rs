@@ -1,5 +1,6 @@
 //! Simulation settings; each default is written once, here.
 
+use tiertp_scheduler::defaults;
 use tiertp_scheduler::profile::Profile;
 use tiertp_scheduler::switch_cost::SwitchCost;
 
@@ -44,8 +45,8 @@ impl SimSettings {
     pub fn new(gpus: u32) -> Self {
         Self {
             gpus,
-            gpus_per_node: 8,
-            window_s: 1.0,
+            gpus_per_node: defaults::GPUS_PER_NODE,
+            window_s: defaults::WINDOW_S,
             demand_memory_s: 30.0,
             switch_ms: None,
             kv_gbps: None,

@@ -28,7 +28,7 @@ impl Default for ControlConfig {
     fn default() -> Self {
         Self {
             planner: PlannerConfig::default(),
-            window_s: 1.0,
+            window_s: crate::defaults::WINDOW_S,
             horizon_windows: 2.0,
             memory_s: 30.0,
             prior_prompt_tokens: 1024.0,

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
+use tiertp_scheduler::plan::GroupKey;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -62,7 +63,7 @@ type Outbox = mpsc::UnboundedSender<(Bytes, AgentMsg)>;
 struct Running {
     task: JoinHandle<()>,
     /// The TP group's devices, as (first, tp).
-    group: (u32, u32),
+    group: GroupKey,
     peer: Bytes,
 }
 
@@ -74,7 +75,7 @@ struct Devices {
     submits: Vec<u64>,
     plan: Option<(u64, Vec<DevicePlan>)>,
     /// Every `hand_off` received: the request and the group named.
-    hand_offs: Vec<(u64, (u32, u32))>,
+    hand_offs: Vec<(u64, GroupKey)>,
     out: Option<Outbox>,
 }
 
@@ -86,7 +87,7 @@ pub struct MockWorker {
     devices: Arc<Mutex<Devices>>,
 }
 
-fn covers(group: (u32, u32), device: u32) -> bool {
+fn covers(group: GroupKey, device: u32) -> bool {
     (group.0..group.0 + group.1).contains(&device)
 }
 
@@ -289,7 +290,7 @@ impl MockWorker {
     }
 
     /// Every `hand_off` received, in order: the request and the group named.
-    pub fn hand_offs(&self) -> Vec<(u64, (u32, u32))> {
+    pub fn hand_offs(&self) -> Vec<(u64, GroupKey)> {
         self.devices.lock().unwrap().hand_offs.clone()
     }
 
@@ -343,7 +344,7 @@ impl Drop for MockWorker {
 }
 
 /// Moves a running request to `group` when this agent has it.
-fn hand_off(d: &mut Devices, id: u64, group: (u32, u32), num_devices: u32) -> HandedOff {
+fn hand_off(d: &mut Devices, id: u64, group: GroupKey, num_devices: u32) -> HandedOff {
     let known = match &d.plan {
         Some((_, plan)) => plan.iter().any(|p| p.tp_group == group),
         None => group.1 > 0 && group.0 + group.1 <= num_devices,

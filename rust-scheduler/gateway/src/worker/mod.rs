@@ -6,6 +6,8 @@ pub mod zmq;
 
 use async_trait::async_trait;
 use thiserror::Error;
+use tiertp_scheduler::dispatcher::DispatchClass;
+use tiertp_scheduler::plan::GroupKey;
 use tokio::sync::mpsc;
 
 use crate::protocol::{DevicePlan, PlanApplied, Sampling, StatsReply};
@@ -56,8 +58,10 @@ pub struct Submit {
     pub tier: String,
     pub input_ids: Vec<u32>,
     pub sampling: Sampling,
-    pub class: &'static str,
-    pub group: Option<(u32, u32)>,
+    pub class: DispatchClass,
+    /// The group to run on, in the agent's device numbering; `None`: the
+    /// agent routes by tier.
+    pub group: Option<GroupKey>,
     /// Seconds from now by which it must start prefilling (its TTFT
     /// deadline); `None`: no deadline.
     pub start_within_s: Option<f64>,
@@ -80,7 +84,7 @@ pub trait WorkerClient: Send + Sync {
     /// the agent's numbering); its stream goes on. Nothing is sent for a
     /// request no longer in flight here. A move the agent cannot make is
     /// logged, and the request keeps decoding where it is.
-    fn hand_off(&self, id: u64, group: (u32, u32));
+    fn hand_off(&self, id: u64, group: GroupKey);
     async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError>;
     async fn stats(&self) -> Result<StatsReply, WorkerError>;
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use rustc_hash::FxHashMap;
+use tiertp_scheduler::plan::GroupKey;
 use tokio::sync::{mpsc, oneshot};
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
@@ -263,7 +264,7 @@ impl WorkerClient for ZmqWorker {
             tier: r.tier,
             input_ids: r.input_ids,
             sampling: r.sampling,
-            class: r.class.to_string(),
+            class: r.class,
             group: r.group,
             start_within_s: r.start_within_s,
         };
@@ -281,7 +282,7 @@ impl WorkerClient for ZmqWorker {
         }
     }
 
-    fn hand_off(&self, id: u64, group: (u32, u32)) {
+    fn hand_off(&self, id: u64, group: GroupKey) {
         if self.shared.pending.lock().unwrap().contains_key(&id) {
             let _ = self.shared.send(&ClientMsg::HandOff { id, group });
         }

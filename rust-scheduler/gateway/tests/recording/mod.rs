@@ -9,11 +9,12 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use tiertp_gateway::protocol::{DevicePlan, PlanApplied, StatsReply};
 use tiertp_gateway::worker::{Submit, TokenStream, WorkerClient, WorkerError};
+use tiertp_scheduler::plan::GroupKey;
 
 /// A node agent that records the orders it gets.
 #[derive(Default)]
 pub struct Recorder {
-    pub hand_offs: Mutex<Vec<(u64, (u32, u32))>>,
+    pub hand_offs: Mutex<Vec<(u64, GroupKey)>>,
     pub cancels: Mutex<Vec<u64>>,
 }
 
@@ -31,7 +32,7 @@ impl WorkerClient for Recorder {
     fn cancel(&self, id: u64) {
         self.cancels.lock().unwrap().push(id);
     }
-    fn hand_off(&self, id: u64, group: (u32, u32)) {
+    fn hand_off(&self, id: u64, group: GroupKey) {
         self.hand_offs.lock().unwrap().push((id, group));
     }
     async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {

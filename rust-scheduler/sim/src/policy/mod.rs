@@ -125,54 +125,114 @@ pub trait Policy {
     }
 }
 
-/// The one list of policy names, with what each is.
-pub const POLICIES: [(&str, &str); 11] = [
-    ("tiertp", "dynamic TP per tier: planner + dispatcher + batch policy"),
-    ("tiertp-no-fairness", "tiertp without the unmet-demand weighting"),
-    ("tiertp-static-tp", "tiertp's scheduler at one static TP level (tp)"),
-    ("tiertp-naive-switch", "tiertp with a switch that restarts the engine (seconds)"),
-    (
-        "oracle",
-        "tiertp's control loop fed the next window's true load, free switches; searched over every TP set (ceiling)",
-    ),
-    (
-        "sglang",
-        "replicas at one TP level, chunked prefill, least-load, FCFS, SLO-agnostic",
-    ),
-    (
-        "sglang-slo",
-        "sglang + the SLO-aware batch rule (queued requests past their TTFT deadline shed), one TP level",
-    ),
-    (
-        "sglang-pd",
-        "static prefill/decode disaggregation at one TP level (tp, prefill_share)",
-    ),
-    (
-        "split",
-        "a static partition per tier sized by its traffic share, best TP each; overflow rejected",
-    ),
-    ("llumnix", "replicas at one TP level, priority headroom dispatch, live migration"),
-    ("chiron", "interactive/batch pools, batch-size back-pressure, instance moves"),
+/// A policy's entry in the one list of policies.
+#[derive(Clone, Copy)]
+pub struct PolicyInfo {
+    pub name: &'static str,
+    /// What it is, in a line.
+    pub about: &'static str,
+    /// The settings of `SimSettings` it reads besides the cluster and
+    /// mechanism (`tp`, `prefill_share`): what a sweep of its
+    /// configurations varies.
+    pub settings: &'static [&'static str],
+    build: fn(&Ctx) -> Result<Box<dyn Policy>, String>,
+}
+
+const TP: &[&str] = &["tp"];
+
+/// Every policy, once: its name, what it is, the settings it reads and how
+/// it is built.
+pub const POLICY_TABLE: [PolicyInfo; 11] = [
+    PolicyInfo {
+        name: "tiertp",
+        about: "dynamic TP per tier: planner + dispatcher + batch policy",
+        settings: &[],
+        build: |ctx| Ok(Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Full)?)),
+    },
+    PolicyInfo {
+        name: "tiertp-no-fairness",
+        about: "tiertp without the unmet-demand weighting",
+        settings: &[],
+        build: |ctx| Ok(Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::NoFairness)?)),
+    },
+    PolicyInfo {
+        name: "tiertp-static-tp",
+        about: "tiertp's scheduler at one static TP level (tp)",
+        settings: TP,
+        build: |ctx| Ok(Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::StaticTp)?)),
+    },
+    PolicyInfo {
+        name: "tiertp-naive-switch",
+        about: "tiertp with a switch that restarts the engine (seconds)",
+        settings: &[],
+        build: |ctx| Ok(Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::NaiveSwitch)?)),
+    },
+    PolicyInfo {
+        name: "oracle",
+        about: "tiertp's control loop fed the next window's true load, free switches; searched over every TP set (ceiling)",
+        // Optional: without it, the oracle plans over every TP level.
+        settings: TP,
+        build: |ctx| Ok(Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Oracle)?)),
+    },
+    PolicyInfo {
+        name: "sglang",
+        about: "replicas at one TP level, chunked prefill, least-load, FCFS, SLO-agnostic",
+        settings: TP,
+        build: |ctx| Ok(Box::new(sglang::Sglang::new(ctx, false)?)),
+    },
+    PolicyInfo {
+        name: "sglang-slo",
+        about: "sglang + the SLO-aware batch rule (queued requests past their TTFT deadline shed), one TP level",
+        settings: TP,
+        build: |ctx| Ok(Box::new(sglang::Sglang::slo_aware(ctx)?)),
+    },
+    PolicyInfo {
+        name: "sglang-pd",
+        about: "static prefill/decode disaggregation at one TP level (tp, prefill_share)",
+        settings: &["tp", "prefill_share"],
+        build: |ctx| Ok(Box::new(sglang::Sglang::new(ctx, true)?)),
+    },
+    PolicyInfo {
+        name: "split",
+        about: "a static partition per tier sized by its traffic share, best TP each; overflow rejected",
+        settings: &[],
+        build: |ctx| Ok(Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Split)?)),
+    },
+    PolicyInfo {
+        name: "llumnix",
+        about: "replicas at one TP level, priority headroom dispatch, live migration",
+        settings: TP,
+        build: |ctx| Ok(Box::new(llumnix::Llumnix::new(ctx)?)),
+    },
+    PolicyInfo {
+        name: "chiron",
+        about: "interactive/batch pools, batch-size back-pressure, instance moves",
+        settings: TP,
+        build: |ctx| Ok(Box::new(chiron::Chiron::new(ctx)?)),
+    },
 ];
 
-pub fn build(name: &str, ctx: &Ctx) -> Result<Box<dyn Policy>, String> {
-    Ok(match name {
-        "tiertp" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Full)?),
-        "tiertp-no-fairness" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::NoFairness)?),
-        "tiertp-static-tp" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::StaticTp)?),
-        "tiertp-naive-switch" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::NaiveSwitch)?),
-        "oracle" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Oracle)?),
-        "sglang" => Box::new(sglang::Sglang::new(ctx, false)?),
-        "sglang-pd" => Box::new(sglang::Sglang::new(ctx, true)?),
-        "split" => Box::new(tiertp::Tiertp::new(ctx, tiertp::Variant::Split)?),
-        "sglang-slo" => Box::new(sglang::Sglang::slo_aware(ctx)?),
-        "llumnix" => Box::new(llumnix::Llumnix::new(ctx)?),
-        "chiron" => Box::new(chiron::Chiron::new(ctx)?),
-        _ => {
-            let names: Vec<&str> = POLICIES.iter().map(|p| p.0).collect();
-            return Err(format!("unknown policy {name:?}; valid policies: {names:?}"));
-        }
+/// Every policy's name and what it is (`POLICY_TABLE`, in its order).
+pub const POLICIES: [(&str, &str); POLICY_TABLE.len()] = {
+    let mut out = [("", ""); POLICY_TABLE.len()];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = (POLICY_TABLE[i].name, POLICY_TABLE[i].about);
+        i += 1;
+    }
+    out
+};
+
+/// The policy called `name`; an unknown name fails, listing the valid ones.
+pub fn info(name: &str) -> Result<PolicyInfo, String> {
+    POLICY_TABLE.into_iter().find(|p| p.name == name).ok_or_else(|| {
+        let names: Vec<&str> = POLICY_TABLE.iter().map(|p| p.name).collect();
+        format!("unknown policy {name:?}; valid policies: {names:?}")
     })
+}
+
+pub fn build(name: &str, ctx: &Ctx) -> Result<Box<dyn Policy>, String> {
+    (info(name)?.build)(ctx)
 }
 
 /// Caps of an SLO-agnostic engine (the profile's).
@@ -220,4 +280,28 @@ pub fn least_loaded(groups: &[GroupSim], ok: impl Fn(&GroupSim) -> bool, load: i
         }
     }
     best.map(|(_, i)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_entry_per_name_and_only_known_settings() {
+        let mut names: Vec<&str> = POLICY_TABLE.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), POLICY_TABLE.len());
+        assert_eq!(POLICIES.map(|p| p.0), POLICY_TABLE.map(|p| p.name));
+        for p in POLICY_TABLE {
+            assert!(p.settings.iter().all(|s| ["tp", "prefill_share"].contains(s)), "{}", p.name);
+        }
+    }
+
+    #[test]
+    fn an_unknown_name_lists_the_valid_ones() {
+        let e = info("vllm").err().unwrap();
+        assert!(e.contains("vllm") && e.contains("\"chiron\""), "{e}");
+        assert_eq!(info("sglang-pd").unwrap().settings, ["tp", "prefill_share"]);
+    }
 }

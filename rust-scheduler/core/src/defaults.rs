@@ -1,0 +1,11 @@
+//! Defaults shared by the control loop, the simulator, the gateway and,
+//! through the bindings (`tiertp._scheduler.DEFAULT_*`), the Python side;
+//! each is written once, here.
+
+use crate::topology::MAX_GPUS_PER_NODE;
+
+/// Control window in seconds: how often the loop re-plans (DESIGN.md §1).
+pub const WINDOW_S: f64 = 1.0;
+
+/// GPUs per node when a cluster is given as a GPU count alone: full nodes.
+pub const GPUS_PER_NODE: u32 = MAX_GPUS_PER_NODE;
