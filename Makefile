@@ -40,6 +40,14 @@ paper: setup  ## The paper's evaluation: every bench/ preset into bench/results/
 	$(BIN)/tiertp replay --preset all $(if $(DURATION),--duration $(DURATION))
 	$(BIN)/tiertp replay --preset 14b-h100x8 --ablation
 
-lint:  ## Clippy with warnings as errors, and rustfmt
+# Dead code: vulture at 80% confidence (unused imports, variables, unreachable
+# code) must find nothing; tools/vulture_whitelist.py lists its false positives.
+# `make lint VULTURE_CONFIDENCE=60` also lists unused functions, classes and
+# attributes: suspects to look at, not all of them dead.
+VULTURE_CONFIDENCE ?= 80
+
+lint:  ## Clippy with warnings as errors, rustfmt, the import contracts (.importlinter), dead code (vulture)
 	cargo clippy --workspace --all-targets --release -- -D warnings
 	cargo fmt --all -- --check
+	PYTHONPATH=python $(BIN)/lint-imports --no-logo --cache-dir target/import-linter
+	$(BIN)/vulture python/tiertp tests tools/vulture_whitelist.py --min-confidence $(VULTURE_CONFIDENCE)

@@ -17,6 +17,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     if grep -qvE '^\s*(#|$)' requirements/no-deps.txt; then
         "$VENV/bin/python" -m pip install --quiet --no-deps -r requirements/no-deps.txt
     fi
+    # The lint tools (pyproject.toml's `dev` extra), without building the package for them.
+    mapfile -t dev < <("$VENV/bin/python" -c 'import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]))')
+    "$VENV/bin/python" -m pip install --quiet "${dev[@]}"
     echo "$want" > "$stamp"
 fi
 VIRTUAL_ENV="$PWD/$VENV" PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/maturin" develop --release --quiet

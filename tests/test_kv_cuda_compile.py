@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from tiertp.kv.cuda_kernels import ARCHS, build_extension, kernel_dir, pip_cuda_root
+from tiertp.kv.kernels.cuda import ARCHS, build_extension, pip_cuda_root
+from tiertp.kv.kernels.paths import kernel_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ import random
 
 import pytest
 import torch
+from kv_reference import ReferenceKernels
 
 from tiertp.kv import NoGPUError, kernels_for
-from tiertp.kv.cpu_kernels import CpuKernels
-from tiertp.kv.reference import ReferenceKernels
-from tiertp.kv.torch_kernels import TorchKernels
+from tiertp.kv.kernels.cpu import CpuKernels
+from tiertp.kv.kernels.torch_ops import TorchKernels
 
 IMPLS = {"cpu": CpuKernels, "torch": TorchKernels}
 
@@ -93,7 +93,7 @@ def test_cpu_pools_get_the_cpu_twin():
 
 
 def test_native_twin_builds_on_first_use(tmp_path, monkeypatch):
-    from tiertp.kv import cpu_kernels
+    from tiertp.kv.kernels import cpu as cpu_kernels
 
     monkeypatch.setenv("TIERTP_CACHE", str(tmp_path))
     cpu_kernels.load_library.cache_clear()

@@ -11,9 +11,9 @@ import random
 
 import pytest
 import torch
+from kv_harness import Scenario, run_world
 
 from tiertp.kv import KVShape, Layout, RequestKV, assign_destinations, plan_migration
-from tiertp.kv.harness import Scenario, run_world
 
 WORLD = 4
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
 from tiertp.kv.channel import RecvChannel, SendChannel, Transport
 from tiertp.kv.context import MigrationContext
+from tiertp.kv.errors import KVMigrationError
 
 
 def _wait(work, ctx: MigrationContext, what: str) -> None:
-    from datetime import timedelta
-
-    from tiertp.kv.errors import KVMigrationError
-
     try:
         if not work.wait(timedelta(seconds=ctx.timeout_s)):
             raise KVMigrationError(f"GPU {ctx.gpu}: timed out {what}")
@@ -91,8 +90,6 @@ class DistTransport(Transport):
 
     def open(self, ctx, sends, recvs, capacity, slots, device):
         if ctx.data_group is None and not isinstance(ctx.group, dist.ProcessGroup):
-            from tiertp.kv.errors import KVMigrationError
-
             raise KVMigrationError("DistTransport needs a torch.distributed group for the bytes: set "
                                    "MigrationContext.data_group (the control group is not a process group)")
         out = {p: DistSendChannel(ctx, p, capacity, slots, device) for p in sends}

@@ -19,8 +19,8 @@ import tempfile
 import torch
 
 from tiertp.kv.errors import KVMigrationError
-from tiertp.kv.kernels import KVKernels, check_pool, check_staging
-from tiertp.kv.paths import cache_dir, kernel_dir
+from tiertp.kv.kernels.base import KVKernels, check_pool, check_staging
+from tiertp.kv.kernels.paths import cache_dir, kernel_dir
 
 _I64 = ctypes.c_int64
 _ARGS = [ctypes.c_void_p, _I64, ctypes.c_void_p, _I64, _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_void_p]

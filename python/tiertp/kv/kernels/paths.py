@@ -9,7 +9,7 @@ from pathlib import Path
 def kernel_dir() -> Path:
     """kernels/kv_migrate of this checkout (TIERTP_KERNELS overrides the kernels/ root)."""
     env = os.environ.get("TIERTP_KERNELS")
-    root = Path(env) if env else Path(__file__).resolve().parents[3] / "kernels"
+    root = Path(env) if env else Path(__file__).resolve().parents[4] / "kernels"
     return root / "kv_migrate"
 
 

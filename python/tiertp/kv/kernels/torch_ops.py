@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tiertp.kv.kernels import KVKernels, check_staging
+from tiertp.kv.kernels.base import KVKernels, check_staging
 
 # Copy through same-width integer views: a bitwise copy whatever the float
 # type (no NaN canonicalisation), and index_select/index_copy_ run their

@@ -1,10 +1,9 @@
-"""The gather/scatter kernel interface and how to pick an implementation.
+"""The gather/scatter kernel interface every implementation follows.
 
-Implementations: `CudaKernels` (the CUDA extension in kernels/kv_migrate/),
-its CPU twin `CpuKernels` (kernels/kv_migrate/kv_migrate_cpu.cpp, memcpy per
-contiguous run; what the tests and the benchmark run), and `TorchKernels`
-(torch ops, the CPU fallback without a C++ compiler). `ReferenceKernels` is
-the naive loop they are all checked against.
+`KVKernels` states the contract; `check_pool` and `check_staging` are the
+argument checks every implementation runs first, so they all reject bad
+arguments the same way (ValueError). Implementations: `cuda.py`, `cpu.py`,
+`torch_ops.py`; `selection.py` picks one for a device.
 """
 
 from __future__ import annotations
@@ -21,12 +20,22 @@ class KVKernels(ABC):
     Staging layout: `[num_layers, 2, n_pages, page_size, head_count, head_dim]`
     contiguous, index 0 of dim 1 being K. Pool buffers are per-layer tensors
     `[slots, heads_local, head_dim]` (see KVPool). `head_start` is the first
-    head to copy, counted in the pool's local heads. Copies are bitwise:
-    values are never converted. `scatter` requires distinct page ids (the
-    migration allocates fresh pages, so they are).
+    head to copy, counted in the pool's local heads.
+
+    The contract every implementation keeps (tests/test_kv_kernels.py checks
+    the CPU ones against a naive reference):
+    - copies are bitwise: values are never converted (NaN payloads survive);
+    - only the pages in `page_ids` and the heads [head_start, +head_count)
+      are written, nothing else of the pool or the staging tensor;
+    - arguments are checked first with `check_pool` / `check_staging`, so
+      every implementation rejects the same bad calls (ValueError);
+    - `scatter` requires distinct page ids (the migration allocates fresh
+      pages, so they are);
+    - a call may only enqueue the copy on the device (the CUDA kernels
+      launch on the current stream): callers order it with streams/events.
     """
 
-    name: str
+    name: str  # short and stable ("cuda", "cpu", "torch"): which implementation runs
 
     @abstractmethod
     def gather(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor],
@@ -82,24 +91,3 @@ def check_staging(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], 
         raise ValueError(f"staging must be contiguous {want}, got {tuple(staging.shape)}")
     if staging.dtype != first.dtype:
         raise ValueError(f"staging dtype {staging.dtype} != pool dtype {first.dtype}")
-
-
-def kernels_for(device: torch.device | str) -> KVKernels:
-    """The kernels for pools on `device`: the CUDA extension on GPU (NoGPUError
-    without one), the native CPU twin otherwise (torch ops if it cannot build)."""
-    if torch.device(device).type == "cuda":
-        from tiertp.kv.cuda_kernels import CudaKernels
-
-        return CudaKernels()
-    from tiertp.kv.cpu_kernels import CpuKernels
-    from tiertp.kv.errors import KVMigrationError
-
-    try:
-        return CpuKernels()
-    except KVMigrationError as e:  # no compiler: slower, but correct
-        import logging
-
-        from tiertp.kv.torch_kernels import TorchKernels
-
-        logging.getLogger(__name__).warning("native CPU KV kernels unavailable (%s); using torch ops", e)
-        return TorchKernels()

@@ -1,6 +1,7 @@
 """Runs migration scenarios across local processes, one per simulated GPU.
 
-Used by the acceptance tests (and usable by hand): each process joins a gloo
+Used by the acceptance tests (tests/test_kv_migration.py; a test helper, not
+part of tiertp): each process joins a gloo
 group, builds the pools its GPU has in the old and new layouts, fills the
 old ones with random bits, migrates, and saves what it held before and
 after, so the caller can check bit-identity and byte counts from outside.

@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from tiertp.kv.errors import KVMigrationError, NoGPUError
-from tiertp.kv.kernels import KVKernels, check_staging
-from tiertp.kv.paths import cache_dir, kernel_dir
+from tiertp.kv.kernels.base import KVKernels, check_staging
+from tiertp.kv.kernels.paths import cache_dir, kernel_dir
 
 ARCHS = ("80", "90")  # A100, H100/H200
 
@@ -25,7 +26,7 @@ ARCHS = ("80", "90")  # A100, H100/H200
 def pip_cuda_root() -> Path | None:
     """The CUDA 13 tree the nvidia-* wheels install (nvcc, headers, libcudart)."""
     try:
-        import nvidia
+        import nvidia  # the optional nvidia-* wheels: absent is an answer, not an error
     except ImportError:
         return None
     for base in nvidia.__path__:
@@ -39,7 +40,7 @@ def cuda_home() -> Path:
     """A CUDA_HOME for cpp_extension: the system toolkit, or a shim over the
     wheels' tree (cpp_extension wants lib64/libcudart.so; the wheel ships
     lib/libcudart.so.13)."""
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # pulls in setuptools (~0.1 s): only a build pays it
 
     if cpp_extension.CUDA_HOME:
         return Path(cpp_extension.CUDA_HOME)
@@ -71,7 +72,7 @@ def load_extension():
 
 def build_extension():
     """Compile (cached) and import the extension; needs nvcc, not a GPU."""
-    from torch.utils import cpp_extension
+    from torch.utils import cpp_extension  # pulls in setuptools (~0.1 s): only a build pays it
 
     _ninja_on_path()
     home = cuda_home()
@@ -95,12 +96,10 @@ def build_extension():
 def _ninja_on_path() -> None:
     """cpp_extension runs `ninja` from PATH; a venv used without activation
     lacks it, so add the ninja wheel's bin directory."""
-    import shutil
-
     if shutil.which("ninja"):
         return
     try:
-        import ninja
+        import ninja  # optional: only a build without ninja on PATH needs the wheel
     except ImportError:
         raise KVMigrationError("ninja is needed to build the CUDA KV kernels: pip install ninja") from None
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")

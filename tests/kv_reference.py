@@ -1,9 +1,10 @@
 """Naive gather/scatter: one slice copy per (layer, K|V, page, token). The
-ground truth the real kernels are tested against; far too slow for use."""
+ground truth the real kernels are tested against (tests/test_kv_kernels.py);
+far too slow for use, so it lives with the tests, not in tiertp.kv.kernels."""
 
 from __future__ import annotations
 
-from tiertp.kv.kernels import KVKernels, check_staging
+from tiertp.kv.kernels.base import KVKernels, check_staging
 
 
 class ReferenceKernels(KVKernels):
