@@ -1,5 +1,5 @@
 // torch binding of the KV head gather/scatter kernels (kv_migrate_kernels.cu).
-// Argument checks live in Python (tiertp/kv/kernels.py check_staging); here
+// Argument checks live in Python (tiertp/kv/kernels/base.py check_staging); here
 // only what would corrupt memory if wrong is checked again.
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>

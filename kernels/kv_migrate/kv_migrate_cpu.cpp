@@ -1,7 +1,7 @@
 // CPU twin of kv_migrate_kernels.cu: the same rows, copied with memcpy.
 //
 // Plain C ABI (no torch headers) so it builds in about a second at first use
-// and loads with ctypes; python/tiertp/kv/native_cpu_kernels.py wraps it in
+// and loads with ctypes; python/tiertp/kv/kernels/cpu.py wraps it in
 // the KVKernels interface. Layouts as in kv_migrate.h. When the copied heads
 // are all the pool's heads, a page of one layer's K or V is one contiguous
 // block and goes in a single memcpy.

@@ -2,7 +2,7 @@
 //
 // Plain CUDA with no torch headers, so the compile check (and CI) builds it
 // in seconds; kv_migrate_binding.cpp wraps it for torch. Layouts match the
-// Python contract in python/tiertp/kv/kernels.py:
+// Python contract in python/tiertp/kv/kernels/base.py:
 //   pool buffer (one per layer and K|V): [slots, heads, head_dim]
 //   staging:                             [layers, 2, n_pages, page_size, head_count, head_dim]
 // One "row" is the head_count * head_dim contiguous elements of one token of
