@@ -1,8 +1,8 @@
 """Per-iteration decode time of the two step runners (a quick comparison, not a test).
 
-    python -m tiertp.execution.compare_runners [--model smollm2-135m] [--batch 1 8]
+    .venv/bin/python tests/compare_runners.py [--model smollm2-135m] [--batch 1 8]
 
-For each runner (tiertp.worker.runner.RUNNERS) and batch size, in its own
+For each runner (tiertp.worker.runners.RUNNERS) and batch size, in its own
 isolated process: start the runner at TP1, step once with `batch` fresh
 prompts (the prefill), then time `repeats` decode steps through
 `StepRunner.step` (what the execution process calls each iteration) after
@@ -18,18 +18,22 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import time
+from pathlib import Path
 
 from tiertp.engine.isolated import run_isolated
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import RUNNERS, StepInput, make_runner
+from tiertp.worker.runner import StepInput
+from tiertp.worker.runners import RUNNERS, make_runner
+
+# The isolated child imports this file as the module `compare_runners` from here.
+_HERE = str(Path(__file__).resolve().parent)
 
 
 def measure(job: dict) -> dict:
     """Run in an isolated process: {batch: {"median_ms", "min_ms"}} for one runner."""
-    import random
-
     runner = make_runner(job["runner"], job["model"], TpGroup(0, 1), job["max_total_tokens"])
     runner.start()
     rng = random.Random(0)
@@ -58,7 +62,7 @@ def measure(job: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tiertp.execution.compare_runners", description=__doc__,
+    ap = argparse.ArgumentParser(prog="tests/compare_runners.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in RUNNERS:
             job = {"runner": name, "model": args.model, "batches": args.batch, "prompt_len": args.prompt_len,
                    "warmup": args.warmup, "repeats": args.repeats, "max_total_tokens": args.max_total_tokens}
-            rounds[name].append(run_isolated("tiertp.execution.compare_runners:measure", job, timeout_s=900))
+            rounds[name].append(run_isolated("compare_runners:measure", job, timeout_s=900, env=_child_env()))
     summary = {name: {str(b): {"median_ms_per_round": [round(r[str(b)]["median_ms"], 2) for r in runs],
                                "best_median_ms": round(min(r[str(b)]["median_ms"] for r in runs), 2),
                                "min_ms": round(min(r[str(b)]["min_ms"] for r in runs), 2)}
@@ -83,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                       "rounds": args.rounds, "machine": platform.node(), "cpus": os.cpu_count(),
                       "decode_step": summary}, indent=2))
     return 0
+
+
+def _child_env() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(p for p in (_HERE, os.environ.get("PYTHONPATH", "")) if p)}
 
 
 if __name__ == "__main__":

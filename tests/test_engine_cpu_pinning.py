@@ -62,11 +62,12 @@ def rank_binding(handle, _arg):
                     reason="needs Linux and 2 cores")
 def test_a_rank_is_pinned_to_its_devices_core():
     from tiertp.execution.instance import TpInstance
+    from tiertp.execution.rank_call import RankFunction
     from tiertp.execution.spec import InstanceSpec
 
     core = sorted(os.sched_getaffinity(0))[1]
     with TpInstance(InstanceSpec("tiny-llama", tp=1, devices=(1,), cores_per_rank=1)) as inst:
         inst.start()
-        [(cores, threads)] = inst.call_on_ranks(f"{__name__}:rank_binding")
+        [(cores, threads)] = inst.call_on_ranks(RankFunction(rank_binding))
     assert cores == [(core,)]  # every thread of the rank, on device 1's core only
     assert threads == 1

@@ -17,6 +17,7 @@ import pytest
 from tiertp.execution.driver import continue_generation, generate
 from tiertp.execution.errors import CommandRejected, InstanceFailed, KVOutOfSpace, UnknownRequest
 from tiertp.execution.instance import RankCallFailed, TpInstance
+from tiertp.execution.kv_io import DescribeKV
 from tiertp.execution.records import NewRequest
 from tiertp.execution.records import Sampling
 from tiertp.execution.spec import InstanceSpec
@@ -44,7 +45,7 @@ def test_export_then_import_into_a_fresh_instance_continues_identically():
         assert [s.kv_len for s in states] == [len(s.token_ids) - 1 for s in states[:2]] + [16]
         assert all(s.token_ids[s.prompt_len:] == tuple(outputs[s.rid]) for s in states)
         kv = [src.read_kv(list(s.slots)) for s in states]  # per request, per rank
-        views = src.call_on_ranks("tiertp.execution.kv_view:describe")  # what tiertp.kv.migrate would get
+        views = src.call_on_ranks(DescribeKV())  # what tiertp.kv.migrate would get
         assert [v["heads"] for v in views] == [(0, 4), (4, 8)] and all(v["zero_copy"] for v in views)
         expected = continue_generation(src, outputs, NEW_TOKENS)  # the source itself goes on
 

@@ -1,5 +1,6 @@
-"""`tiertp bench switch` is registered and reports what the issue asks for
-(keys and moved KV, never timings). Starts three tiny-llama instances in turn."""
+"""`tiertp bench switch` is registered and reports its keys and the KV it
+moved (never timings, which vary by machine). Starts three tiny-llama
+instances in turn."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ execution process's loop leaving parked requests alone.
 
 With SGLang: two TP1 tiny-llama instances (device 0 prefills, device 1
 decodes: two rank processes in all), shared by the tests of this file. The
-destination's copy is held back (a test `Call` target, `gated_run`) until
+destination's copy is held back (a test `RankCall`, `GatedRun`) until
 the source has run a few iterations of other requests, prefilling a new
 one into fresh slots while the parked requests' KV is still to be read:
 every request's greedy output must equal a run without any hand-off.
@@ -22,24 +22,31 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
 
+import tiertp.kv.executor as kv_executor
+
 from tiertp.execution.driver import continue_generation, generate
-from tiertp.execution.errors import CommandRejected
+from tiertp.execution.errors import CommandRejected, DuplicateRequest
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.leader import Leader
+from tiertp.execution.rank_call import RankCall
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec
-from tiertp.execution.step_runner import InstanceStepRunner
+from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.switching import SwitchCoordinator, SwitchRolledBack
+from tiertp.switching.rank_migrate import MigrationCall
+from tiertp.worker import instance_ops
 from tiertp.worker import protocol as P
 from tiertp.worker.executor import ExecutionLoop
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import StepInput, StepOutput
+from tiertp.worker.runner import StepInput, StepOutput, SwitchableStepRunner
 
 MODEL = "tiny-llama"
 HANDED = {"h0": [1, 2, 3, 4, 5], "h1": [100, 200, 300]}  # prefilled on the source, then handed off
@@ -47,7 +54,6 @@ STAYS = {"stays": [9, 8, 7, 6]}  # decodes on the source all along
 NEW = {"new": [42] * 12}  # prefilled on the source while the handed-off KV moves
 NEW_TOKENS = 8
 ITERATIONS_DURING = 3
-GATED_RUN = "test_switch_overlap:gated_run"
 
 
 def _requests(prompts: dict) -> list[NewRequest]:
@@ -100,11 +106,17 @@ def test_the_leader_parks_known_requests_once_and_unparks_them_with_their_tokens
 
 
 class _FakeInstance:
+    """Records what it is asked; refuses to admit a request it holds, as the leader does."""
+
     def __init__(self):
-        self.calls = []
+        self.calls, self.held = [], set()
 
     def iterate(self, admit, release):
+        for r in admit:
+            if r.rid in self.held - set(release):
+                raise DuplicateRequest(f"admit: request {r.rid!r} is already held by this instance")
         self.calls.append(("iterate", [r.rid for r in admit], list(release)))
+        self.held = (self.held - set(release)) | {r.rid for r in admit}
         return []
 
     def park(self, rids):
@@ -116,9 +128,16 @@ class _FakeInstance:
 
     def release(self, rids):
         self.calls.append(("release", rids))
+        self.held -= set(rids)
 
     def set_prefill_chunk(self, tokens):
         return None
+
+    def pause(self):
+        pass
+
+    def resume(self):
+        pass
 
 
 def _step_input(rid, tokens=(1, 2)):
@@ -131,7 +150,7 @@ def test_the_step_runner_leaves_parked_requests_out_of_its_steps():
     runner.step([_step_input(1), _step_input(2), _step_input(3)])
     assert runner.park([1, 2]) == ["state-1", "state-2"]
     runner.step([_step_input(3)])  # 1 and 2 are parked: leaving them out is fine
-    with pytest.raises(RuntimeError, match="parked"):
+    with pytest.raises(DuplicateRequest, match="already held"):  # a parked request is not stepped
         runner.step([_step_input(1), _step_input(3)])
     runner.unpark([1])
     with pytest.raises(RuntimeError, match="left out of a step"):
@@ -149,12 +168,18 @@ class _FakeSocket:
         self.sent.append(P.decode(frame))
 
 
-class _FakeRunner:
+class _FakeRunner(SwitchableStepRunner):
     """A step runner holding an instance (so switch ops apply), recording what it is asked."""
 
     def __init__(self):
         self.instance = _FakeInstance()
         self.stepped, self.released, self.parked = [], [], set()
+
+    def start(self):
+        raise AssertionError("not started in these tests")
+
+    def close(self):
+        pass
 
     def set_prefill_chunk(self, tokens):
         return True
@@ -177,11 +202,19 @@ class _FakeRunner:
     def moved_away(self, rids):
         self.parked -= set(rids)
 
+    def pause(self):
+        pass
 
-def _op(loop, name, arg):
-    import pickle
+    def resume(self):
+        pass
 
-    answer = loop.ops.handle({"op_id": 1, "name": name, "arg": pickle.dumps(arg)})
+    def adopt(self, states):
+        raise AssertionError("nothing is adopted in these tests")
+
+
+def _op(loop, op):
+    """`op` sent as the agent sends it; its answer's value."""
+    answer = loop.ops.handle({"op_id": 1, "op": pickle.dumps(op)})
     assert answer["ok"], answer["error"]
     return pickle.loads(answer["value"])
 
@@ -193,11 +226,10 @@ def test_the_execution_loop_does_not_step_parked_requests_and_can_still_cancel_t
         loop._handle({"type": "add", "rid": rid, "input_ids": [5] * 10, "max_tokens": 10, "temperature": 0.0,
                       "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible",
                       "deadline": math.inf})
-    for rid in loop._admit():
-        loop.running[rid] = loop.waiting.pop(rid)
+    loop.requests.admit()
     loop._iterate()
-    assert _op(loop, "park", [1, 2, 99]) == ["state-1", "state-2"]  # 99 is not running here: skipped
-    assert list(loop.running) == [3] and list(loop.parked) == [1, 2]
+    assert _op(loop, instance_ops.Park([1, 2, 99])) == ["state-1", "state-2"]  # 99 is not running here: skipped
+    assert list(loop.requests.running) == [3] and list(loop.requests.parked) == [1, 2]
     assert sock.sent[-1] == {"type": "load", "running": 1, "waiting": 0, "kv_used_tokens": 33}  # parked KV counts
     loop._iterate()
     assert runner.stepped[-1] == [3]
@@ -205,50 +237,52 @@ def test_the_execution_loop_does_not_step_parked_requests_and_can_still_cancel_t
     loop._handle({"type": "add", "rid": 4, "input_ids": [5] * 60, "max_tokens": 10, "temperature": 0.0,
                   "top_p": 1.0, "seed": None, "stop_token_ids": [], "cls": "feasible",
                   "deadline": math.inf})
-    assert loop._admit() == []
+    assert loop.requests.admit() == []
     loop._handle({"type": "cancel", "rid": 2})
-    assert runner.released == [2] and list(loop.parked) == [1]
-    _op(loop, "unpark", [1, 2])  # 2 was cancelled meanwhile: only 1 comes back
-    assert list(loop.running) == [3, 1] and not loop.parked and runner.parked == set()
-    _op(loop, "park", [1])
-    _op(loop, "release", [1])  # moved away
-    assert list(loop.running) == [3] and not loop.parked
+    assert runner.released == [2] and list(loop.requests.parked) == [1]
+    _op(loop, instance_ops.Unpark([1, 2]))  # 2 was cancelled meanwhile: only 1 comes back
+    assert list(loop.requests.running) == [3, 1] and not loop.requests.parked and runner.parked == set()
+    _op(loop, instance_ops.Park([1]))
+    _op(loop, instance_ops.Release([1]))  # moved away
+    assert list(loop.requests.running) == [3] and not loop.requests.parked
 
 
 # --- with SGLang --------------------------------------------------------------
-def gated_run(handle, arg):
-    """`Call` target: tiertp.switching.rank_migrate.run, except that this
-    rank's in-process copies (a destination pulling the KV out of the
-    source's pool) first wait for the file `gate`; with `fail` the rank
-    then reports an error instead of its slots, as rank_migrate.run does (a
-    destination that fails after its copy: the coordinator frees its slots
-    and rolls back)."""
-    call, gate, fail = arg
-    import tiertp.kv.executor as executor
-    from tiertp.switching import rank_migrate
+@dataclass(frozen=True)
+class GatedRun(RankCall):
+    """tiertp.switching.rank_migrate's MigrationCall, except that this rank's
+    in-process copies (a destination pulling the KV out of the source's
+    pool) first wait for the file `gate`; with `fail` the rank then reports
+    an error instead of its slots, as rank_migrate.run does (a destination
+    that fails after its copy: the coordinator frees its slots and rolls back)."""
 
-    copy = executor.copy_in_process
+    call: MigrationCall
+    gate: str
+    fail: bool
 
-    def copy_after_the_gate(*args, **kwargs):
-        deadline = time.monotonic() + 120
-        while not os.path.exists(gate):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the test never opened {gate}")
-            time.sleep(0.01)
-        return copy(*args, **kwargs)
+    def run(self, handle):
+        copy = kv_executor.copy_in_process
 
-    executor.copy_in_process = copy_after_the_gate
-    try:
-        result = rank_migrate.run(handle, call)
-    finally:
-        executor.copy_in_process = copy
-    if fail:  # as rank_migrate.run reports a failure; its slots stay reserved for the coordinator to free
-        return {"id": result["id"], "error": "RuntimeError: test: the destination fails after its copy"}
-    return result
+        def copy_after_the_gate(*args, **kwargs):
+            deadline = time.monotonic() + 120
+            while not os.path.exists(self.gate):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the test never opened {self.gate}")
+                time.sleep(0.01)
+            return copy(*args, **kwargs)
+
+        kv_executor.copy_in_process = copy_after_the_gate
+        try:
+            result = self.call.run(handle)
+        finally:
+            kv_executor.copy_in_process = copy
+        if self.fail:  # as rank_migrate.run reports a failure; its slots stay reserved for the coordinator to free
+            return {"id": result["id"], "error": "RuntimeError: test: the destination fails after its copy"}
+        return result
 
 
 class _GatedCoordinator(SwitchCoordinator):
-    """Runs the destination's part through `gated_run`."""
+    """Runs the destination's part through `GatedRun`."""
 
     def __init__(self, gate, fail: bool = False):
         super().__init__(timeout_s=30)
@@ -256,7 +290,7 @@ class _GatedCoordinator(SwitchCoordinator):
 
     def _rank_call(self, call):
         if call.role == "new":
-            return GATED_RUN, (call, self.gate, self.fail)
+            return GatedRun(call, self.gate, self.fail)
         return super()._rank_call(call)
 
 

@@ -13,6 +13,7 @@ from tiertp.execution.records import InstanceInfo, KVGeometry, RequestState, Sam
 from tiertp.kv import KVShape
 from tiertp.switching import SwitchCoordinator, SwitchRolledBack, SwitchSetupError
 from tiertp.switching.coordinator import _chunk_bytes
+from tiertp.switching import rank_migrate
 from tiertp.switching.layout_ids import NEW_OFFSET, new_id, old_id
 from tiertp.switching.planning import kv_shape, plan_switch
 from tiertp.switching.weight_binder import handle_for
@@ -96,17 +97,14 @@ def test_weight_store_handle_per_device():
 
 
 def test_destination_ranks_agree_on_slots_by_digest():
-    from tiertp.switching.rank_migrate import pages_digest
-
+    digest = rank_migrate.pages_digest
     a = {"m0": [5, 6, 7], "m1": [9]}
-    assert pages_digest(a) == pages_digest({"m1": [9], "m0": [5, 6, 7]})  # order of requests does not matter
-    assert pages_digest(a) != pages_digest({"m0": [5, 6, 8], "m1": [9]})
-    assert pages_digest(a) != pages_digest({"m0": [5, 6], "m1": [7, 9]})
+    assert digest(a) == digest({"m1": [9], "m0": [5, 6, 7]})  # order of requests does not matter
+    assert digest(a) != digest({"m0": [5, 6, 8], "m1": [9]})
+    assert digest(a) != digest({"m0": [5, 6], "m1": [7, 9]})
 
 
 def test_rollback_frees_what_the_rank_reserved_for_that_switch_and_still_holds():
-    from tiertp.switching import rank_migrate
-
     freed = []
     reserved = torch.zeros(16, dtype=torch.bool)
     reserved[[3, 4, 5, 9]] = True  # slot 6 was already freed (say, by the rank's own failed migration)

@@ -45,19 +45,16 @@ def test_admission_reserves_prompt_plus_max_tokens():
     loop = ExecutionLoop(sock=None, runner=_Runner(), batch_cap=16, token_cap=0, kv_capacity_tokens=100)
     for rid, (prompt, out) in enumerate([(30, 10), (20, 20), (30, 30), (5, 5)]):
         _add(loop, rid, prompt, out)
-    first = loop._admit()
+    first = loop.requests.admit()
     assert first == [0, 1]  # 40 + 40 reserved; request 2 (60) does not fit, 3 may not overtake it
-    for rid in first:
-        loop.running[rid] = loop.waiting.pop(rid)
-    assert loop._admit() == []
-    del loop.running[0]  # request 0 finished: 60 free
-    admitted = loop._admit()
+    assert list(loop.requests.running) == [0, 1] and list(loop.requests.waiting) == [2, 3]
+    assert loop.requests.admit() == []
+    loop.requests.cancel(0)  # request 0 left: 60 free
+    admitted = loop.requests.admit()
     assert admitted == [2]
-    for rid in admitted:
-        loop.running[rid] = loop.waiting.pop(rid)
-    assert loop._admit() == []  # 40 + 60 = 100 reserved
-    del loop.running[1]
-    assert loop._admit() == [3]
+    assert loop.requests.admit() == []  # 40 + 60 = 100 reserved
+    loop.requests.cancel(1)
+    assert loop.requests.admit() == [3]
 
 
 def test_batch_policy_next_batch_within_keeps_the_refused_request_first():
@@ -78,6 +75,7 @@ def test_the_token_cap_is_a_prefill_chunk_where_the_runner_chunks(chunks):
     for rid in range(3):
         _add(loop, rid, 40, 4)
     assert runner.chunk_calls == [32]
-    assert loop._admit() == ([0, 1, 2] if chunks else [0])  # without chunking, a long prompt only into an empty batch
+    # Without chunking, a long prompt goes only into an empty batch.
+    assert loop.requests.admit() == ([0, 1, 2] if chunks else [0])
     loop._handle({"type": "caps", "batch_cap": 16, "token_cap": 0})
     assert runner.chunk_calls == [32, None]

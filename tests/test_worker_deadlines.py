@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tiertp.worker import instance_ops
 from tiertp.worker import protocol as P
 from tiertp.worker.agent import Agent
 from tiertp.worker.config import AgentConfig
@@ -65,7 +66,7 @@ def _add(loop: ExecutionLoop, rid: int, deadline: float = math.inf) -> None:
 def _step(loop: ExecutionLoop, now: float) -> None:
     """One pass of the execution loop at time `now`."""
     loop._schedule(now)
-    if loop.running:
+    if loop.requests.running:
         loop._iterate()
 
 
@@ -77,14 +78,14 @@ def test_a_waiting_request_past_its_deadline_is_shed_and_never_batched():
     _add(loop, 2, deadline=10.5)
     _add(loop, 3)  # no deadline
     _step(loop, now=10.4)
-    assert list(loop.waiting) == [2, 3] and not [m for m in sock.sent if m["type"] == "expired"]
+    assert list(loop.requests.waiting) == [2, 3] and not [m for m in sock.sent if m["type"] == "expired"]
     _step(loop, now=10.5)  # due at its deadline
     expired = [m for m in sock.sent if m["type"] == "expired"]
     assert [(m["rids"], m["waiting"]) for m in expired] == [([2], 1)]
-    assert list(loop.waiting) == [3] and len(loop.policy) == 1
+    assert list(loop.requests.waiting) == [3] and loop.requests.queued() == 1
     for _ in range(4 * MAX_TOKENS):  # far in the future: a request without a deadline never expires
         _step(loop, now=1e12)
-    assert not loop.running and not loop.waiting
+    assert not loop.requests.running and not loop.requests.waiting
     assert runner.stepped() == {1, 3}
     assert len([m for m in sock.sent if m["type"] == "expired"]) == 1
 
@@ -193,11 +194,11 @@ def test_a_waiting_request_moved_by_a_switch_keeps_its_deadline(node):
     deadline = req.deadline
     # What a switch does with a waiting request: its process releases it (it
     # holds no KV, so no instance is involved) and the agent sends it again.
-    proc.loop.ops._release(None, [req.rid])
+    proc.loop.ops.apply(instance_ops.Release([req.rid]))
     agent._on_dropped([req.rid], proc.group)
     agent._settle({proc.group})
     assert [(a["rid"], a["deadline"]) for a in proc.adds if a["rid"] == req.rid] == [(req.rid, deadline)] * 2
-    assert proc.loop.policy.take_expired(deadline - 1.0) == []
+    assert proc.loop.requests.shed_expired(deadline - 1.0) == []
     proc.loop._schedule(deadline)  # still busy at the original deadline: shed
     proc.deliver()
     assert _terminal(sent) == {2: P.SLO_UNATTAINABLE}

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from tiertp.worker import protocol as P
+from tiertp.worker.config import check_model_fits_tp_levels
 from tiertp.worker.groups import GroupError, TpGroup, aligned_groups
 from tiertp.worker.messages import parse_apply_plan, parse_submit
 from tiertp.worker.layout_change import LayoutChange, layout_changes
@@ -163,8 +164,6 @@ def test_request_table_ends_each_request_once():
 
 
 def test_tp_levels_the_models_heads_cannot_split_are_refused_at_start():
-    from tiertp.worker.config import check_model_fits_tp_levels
-
     check_model_fits_tp_levels("tiny-llama", (1, 2, 4))
     with pytest.raises(ValueError, match=r"9 attention heads and 3 KV heads.*TP 2 \(levels that fit: \[1, 3\]\)"):
         check_model_fits_tp_levels("smollm2-135m", (1, 2))

@@ -28,5 +28,4 @@ measure_level  # profiling/measure.py: run_isolated("tiertp.profiling.measure:me
 bind_store  # switching/weight_binder.py: WEIGHT_BINDER = "tiertp.switching.weight_binder:bind_store"
 compare_level  # weights/verify.py: run_isolated("tiertp.weights.verify:compare_level")
 generate_ids  # worker/reference.py: run_isolated("tiertp.worker.reference:generate_ids")
-rank_binding  # tests/test_engine_cpu_pinning.py: call_on_ranks(f"{__name__}:rank_binding")
 refuse_unknown_model  # tests/test_weights_sglang.py: run_isolated("test_weights_sglang:refuse_unknown_model")

@@ -8,10 +8,11 @@ the execution process, a test, a switch coordinator) never imports SGLang.
 
 Processes and roles
 -------------------
-- rank 0, the *leader*, gets one command at a time over a pipe, checks it,
-  plans it (tiertp.execution.leader), broadcasts the resulting operation
-  (tiertp.execution.ops) to the followers over the instance's gloo group,
-  applies it itself, samples, and answers. Followers apply what they
+- rank 0, the *leader*, gets one command (tiertp.execution.commands) at a
+  time over a pipe, checks it, plans it (tiertp.execution.leader),
+  broadcasts the resulting operation (tiertp.execution.ops) to the followers
+  over the instance's gloo group, applies it itself (tiertp.execution.apply),
+  samples, and answers. Followers apply what they
   receive and never decide anything, so every rank runs the same forwards.
 - the TP context (`TpContext`: tp, rank, device, SGLang's group) is passed
   explicitly to everything in a rank; nothing in tiertp reads a global.
@@ -57,7 +58,7 @@ adopt([RequestState])              requests whose first kv_len tokens of KV
                                    continue from there: no prefill, same
                                    tokens and sampling; kv_len == 0 is a
                                    waiting request moved as metadata only
-call_on_ranks(target, arg)         run "module:function"(RankHandle, arg) on
+call_on_ranks(call)                run a RankCall (tiertp.execution.rank_call) on
 begin_call(...).result()           every rank, results in rank order;
                                    begin_call does not wait, so calls that
                                    are collective over several instances (a
@@ -95,9 +96,9 @@ The same-TP seam (export -> reserve -> write_kv -> adopt) is what
 tests/test_execution_kv.py checks.
 
 The execution process runs on an instance through
-tiertp.execution.step_runner.InstanceStepRunner (the default StepRunner,
-tiertp.worker.runner). `python -m tiertp.execution.compare_runners` times a
-decode step against the SGLang Engine runner.
+tiertp.worker.instance_runner.InstanceStepRunner (the default StepRunner,
+tiertp.worker.runners). `tests/compare_runners.py` times a decode step
+against the SGLang Engine runner.
 
 Not done yet: retraction when a running batch outgrows the KV pool (the
 iteration is refused; the caller must release), pages larger than one slot,

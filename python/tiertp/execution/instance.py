@@ -18,10 +18,13 @@ from __future__ import annotations
 import multiprocessing
 import socket
 import time
-from typing import Any
 
 from tiertp.engine.models import resolve_model
+from tiertp.execution import commands
 from tiertp.execution.errors import CommandRejected, ExecutionError, InstanceFailed
+from tiertp.execution.kv_io import ReadSlots, WriteSlots
+from tiertp.execution.rank import rank_main
+from tiertp.execution.rank_call import RankCall
 from tiertp.execution.records import (InstanceInfo, InstanceStats, NewRequest, RequestId, RequestState,
                                       TokenOut)
 from tiertp.execution.spec import InstanceSpec
@@ -31,8 +34,8 @@ _CLOSE_GRACE_S = 10.0
 
 
 class RankCallFailed(ExecutionError):
-    """A `call_on_ranks` target raised on some ranks; `errors` maps rank -> message.
-    The instance itself is still running; the target decides what state it left."""
+    """A `call_on_ranks` call raised on some ranks; `errors` maps rank -> message.
+    The instance itself is still running; the call decides what state it left."""
 
     def __init__(self, target: str, errors: dict[int, str]):
         detail = "; ".join(f"rank {r}: {m}" for r, m in sorted(errors.items()))
@@ -80,8 +83,6 @@ class TpInstance:
         """Spawn the ranks, load the model on each, return the instance's info."""
         if self._procs:
             raise RuntimeError("instance already started")
-        from tiertp.execution.rank import rank_main
-
         model_path = str(resolve_model(self.spec.model))  # fail here, not in every rank
         mp = multiprocessing.get_context("spawn")
         parent, child = mp.Pipe()
@@ -103,7 +104,7 @@ class TpInstance:
         self._closed = True
         if self._conn is not None and self._in_flight is None and all(p.is_alive() for p in self._procs):
             try:
-                self._conn.send(("shutdown", None))
+                self._conn.send(commands.Shutdown())
                 deadline = time.monotonic() + _CLOSE_GRACE_S
                 for p in self._procs:
                     p.join(max(0.0, deadline - time.monotonic()))
@@ -157,78 +158,78 @@ class TpInstance:
         and pending ones whose prefill completed; the rest produce none yet."""
         if self._paused:
             raise CommandRejected("iterate: the instance is paused")
-        return self._command("iterate", (list(admit), list(release)))
+        return self._command(commands.Iterate(list(admit), list(release)))
 
     def release(self, rids: list[RequestId]) -> None:
         """Free the requests' KV now (finished, cancelled, or migrated away)."""
-        self._command("release", list(rids))
+        self._command(commands.Release(list(rids)))
 
     def export(self, rids: list[RequestId]) -> list[RequestState]:
         """Each request's tokens, sampling and KV slots, for migration (nothing changes)."""
-        return self._command("export", list(rids))
+        return self._command(commands.Export(list(rids)))
 
     def park(self, rids: list[RequestId]) -> list[RequestState]:
         """Export the requests (as `export`) and park them: iterations leave
         them out (no decode, no token) while their KV stays where it is, for
         a hand-off to read; then `release` (moved away) or `unpark`."""
-        return self._command("park", list(rids))
+        return self._command(commands.Park(list(rids)))
 
     def unpark(self, rids: list[RequestId]) -> None:
         """Parked requests continue here (a hand-off that failed): the next
         iteration gives each the token a decode step would have."""
-        self._command("unpark", list(rids))
+        self._command(commands.Unpark(list(rids)))
 
     def reserve_slots(self, counts: list[int]) -> list[list[int]]:
         """Allocate counts[i] KV slots per import; KVOutOfSpace (nothing allocated) if they do not all fit."""
-        return self._command("reserve", [int(n) for n in counts])
+        return self._command(commands.ReserveSlots([int(n) for n in counts]))
 
     def free_slots(self, slots: list[int]) -> None:
         """Return reserved slots that will not be adopted (an import given up)."""
-        self._command("free", [int(s) for s in slots])
+        self._command(commands.FreeSlots([int(s) for s in slots]))
 
     def adopt(self, states: list[RequestState]) -> None:
         """Take over requests whose KV someone wrote into reserved slots
         (`state.slots`, token i in slots[i]): the next iteration continues
         them from there (no prefill) with the same tokens and sampling."""
-        self._command("adopt", list(states))
+        self._command(commands.Adopt(list(states)))
 
     def stats(self) -> InstanceStats:
-        return self._command("stats", None)
+        return self._command(commands.Stats())
 
     def set_prefill_chunk(self, tokens: int | None) -> None:
         """Most prompt tokens prefilled per iteration from now on (None: whole prompts)."""
-        self._command("set_prefill_chunk", tokens)
+        self._command(commands.SetPrefillChunk(tokens))
 
-    def call_on_ranks(self, target: str, arg: Any = None, timeout_s: float | None = None) -> list:
-        """Run "module:function" on every rank as function(RankHandle, arg);
+    def call_on_ranks(self, call: RankCall, timeout_s: float | None = None) -> list:
+        """Run `call` on every rank (RankCall.run with the rank's RankHandle);
         the results in rank order. RankCallFailed if it raised on any rank."""
-        return self.begin_call(target, arg, timeout_s).result()
+        return self.begin_call(call, timeout_s).result()
 
-    def begin_call(self, target: str, arg: Any = None, timeout_s: float | None = None) -> Pending:
+    def begin_call(self, call: RankCall, timeout_s: float | None = None) -> Pending:
         """`call_on_ranks` without waiting: for collectives that span several
         instances (a migration), start the call on each, then wait on each."""
-        return self._send("call", (target, arg), timeout_s, what=target)
+        return self._send(commands.CallRanks(call), timeout_s, what=call.describe())
 
     # convenience over call_on_ranks ----------------------------------------
     def read_kv(self, slots: list[int]) -> list:
         """Per rank, a copy of the K/V at `slots` ([layers, 2, n, heads_per_rank, head_dim])."""
-        return self.call_on_ranks("tiertp.execution.kv_io:read_slots", list(slots))
+        return self.call_on_ranks(ReadSlots(tuple(slots)))
 
     def write_kv(self, slots: list[int], per_rank: list) -> None:
         """Write per_rank[r] (as read_kv returns it) into reserved `slots` on rank r."""
-        self.call_on_ranks("tiertp.execution.kv_io:write_slots", (list(slots), list(per_rank)))
+        self.call_on_ranks(WriteSlots(tuple(slots), tuple(per_rank)))
 
     # --- plumbing -------------------------------------------------------
-    def _command(self, kind: str, payload):
-        return self._send(kind, payload, None).result()
+    def _command(self, command: commands.Command):
+        return self._send(command, None).result()
 
-    def _send(self, kind: str, payload, timeout_s: float | None, what: str | None = None) -> Pending:
+    def _send(self, command: commands.Command, timeout_s: float | None, what: str | None = None) -> Pending:
         if self._closed or self._conn is None:
-            raise InstanceFailed(f"{kind}: the instance is not running")
+            raise InstanceFailed(f"{command.what}: the instance is not running")
         if self._in_flight is not None:
-            raise RuntimeError(f"{kind}: a command is still in flight; read its result first")
-        self._conn.send((kind, payload))
-        self._in_flight = Pending(self, what or kind, timeout_s)
+            raise RuntimeError(f"{command.what}: a command is still in flight; read its result first")
+        self._conn.send(command)
+        self._in_flight = Pending(self, what or command.what, timeout_s)
         return self._in_flight
 
     def _receive(self, what: str, timeout_s: float | None, expect: str = "ok"):

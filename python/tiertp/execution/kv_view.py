@@ -17,12 +17,15 @@ from __future__ import annotations
 import torch
 
 from tiertp.execution.records import KVGeometry
+from tiertp.kv.errors import OutOfKVSpace
+from tiertp.kv.layout import HeadRange, heads_of_rank
+from tiertp.kv.pool import KVPool
+from tiertp.kv.shape import KVShape
+from tiertp.kv.shared_pool import share_pool
 
 
 def kv_heads_of_rank(num_kv_heads: int, tp: int, rank: int):
     """The global KV heads rank `rank` of TP `tp` holds (a tiertp.kv.HeadRange)."""
-    from tiertp.kv.layout import HeadRange, heads_of_rank
-
     if tp & (tp - 1) == 0:
         return heads_of_rank(num_kv_heads, tp, rank)
     if num_kv_heads % tp:
@@ -56,8 +59,6 @@ class SglangSlotAllocator:
         return self.kv.free_slots()
 
     def alloc(self, n: int) -> list[int]:
-        from tiertp.kv.errors import OutOfKVSpace
-
         if n > self.free_pages:
             raise OutOfKVSpace(self.gpu, n, self.free_pages)
         [slots] = self.kv.reserve([n])
@@ -69,9 +70,6 @@ class SglangSlotAllocator:
 
 def kv_pool_of(handle):
     """This rank's KV as a tiertp.kv.KVPool (views of SGLang's buffers)."""
-    from tiertp.kv.pool import KVPool
-    from tiertp.kv.shape import KVShape
-
     geo = geometry_of(handle)
     pool = handle.kv.kv_pool
     shape = KVShape(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads, head_dim=geo.head_dim, page_size=1,
@@ -88,8 +86,6 @@ def share_kv_pool(handle):
     them. SGLang caches the buffers' addresses (for its slot-move kernels):
     they are recomputed. The pool's export, or None where it cannot be
     shared (GPU pools; a too small /dev/shm): migrations then stage."""
-    from tiertp.kv.shared_pool import share_pool
-
     view = handle.kv_pool()
     was_shared = view.shared is not None
     export = share_pool(view)
@@ -99,14 +95,3 @@ def share_kv_pool(handle):
             refresh()
     return export
 
-
-def describe(handle, _arg=None) -> dict:
-    """A `Call` target: what a migration sees on this rank (for checks and logs):
-    the KV heads held, the KV shape signature, the free slots, and whether the
-    view's buffers are SGLang's own (zero-copy)."""
-    view = handle.kv_pool()
-    pool = handle.kv.kv_pool
-    zero_copy = all(a.data_ptr() == b.data_ptr() for a, b in zip(view.k_buffers + view.v_buffers,
-                                                                 list(pool.k_buffer) + list(pool.v_buffer)))
-    return {"heads": (view.heads.start, view.heads.stop), "shape": view.shape.signature(),
-            "free_slots": view.allocator.free_pages, "zero_copy": zero_copy}

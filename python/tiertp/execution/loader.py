@@ -42,6 +42,7 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
     # devices never share cores (tiertp.engine.sglang_compat.cpu_threads_bind).
     sglang_compat.apply(spec.device, spec.tp, spec.cores_per_rank,
                         spec.devices if spec.cores_per_rank else None)
+    # SGLang only now: sglang_compat.apply must run before its first import.
     from sglang.benchmark import one_batch
     from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
     from sglang.srt.server_args import ServerArgs

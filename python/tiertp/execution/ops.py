@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tiertp.execution.rank_call import RankCall
 from tiertp.execution.records import RequestId
 
 
@@ -60,13 +61,14 @@ class Adopt:
 
 @dataclass(frozen=True)
 class Call:
-    """Run `target` ("module:function") on every rank as
-    ``function(rank_handle, arg)``; results are gathered to the leader."""
+    """Run `call` on every rank; the results are gathered to the leader."""
 
-    target: str
-    arg: object = None
+    call: RankCall
 
 
 @dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+Operation = Iteration | Release | ReserveSlots | FreeSlots | Adopt | Call | Shutdown

@@ -17,7 +17,7 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 
 def set_title(title: str) -> None:
     """Name this process in ps/top (SGLang's dependency setproctitle), if available."""
-    try:
+    try:  # optional: SGLang's dependency, not ours
         import setproctitle
     except ImportError:
         return

@@ -12,82 +12,19 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from dataclasses import dataclass
-from typing import Any
 
+import torch
+
+from tiertp.engine.cpu_pinning import bind_rank
 from tiertp.execution import ops
+from tiertp.execution.apply import apply
+from tiertp.execution.collectives import broadcast, gather
+from tiertp.execution.leader_loop import LeaderLoop
+from tiertp.execution.loader import load_rank
 from tiertp.execution.process_util import die_with_parent, set_title
+from tiertp.execution.rank_handle import RankHandle
+from tiertp.execution.rank_kv import RankKV
 from tiertp.execution.spec import InstanceSpec
-
-
-@dataclass
-class RankHandle:
-    """What a `Call` target gets on each rank: its TP context, SGLang's
-    ModelRunner, and the rank's requests/KV (tiertp.execution.rank_kv.RankKV);
-    `kv_pool()` is the rank's KV as a tiertp.kv.KVPool for migration."""
-
-    ctx: Any  # TpContext
-    model_runner: Any
-    kv: Any  # RankKV
-    _pool: Any = None
-
-    def kv_pool(self):
-        """Built once (SGLang's buffers never move); see tiertp.execution.kv_view."""
-        if self._pool is None:
-            from tiertp.execution.kv_view import kv_pool_of
-
-            self._pool = kv_pool_of(self)
-        return self._pool
-
-
-def apply(handle: RankHandle, op):
-    """Apply one operation on this rank; what it returns is rank-local."""
-    kv = handle.kv
-    if isinstance(op, ops.Iteration):
-        kv.release(op.release)
-        for rid, tokens in op.admit:
-            kv.admit(rid, tokens)
-        decode_logits = kv.decode(op.decode_tokens) if op.decode_tokens else None
-        extended = kv.extend(op.extend) if op.extend else None
-        return decode_logits, extended
-    if isinstance(op, ops.Release):
-        return kv.release(op.rids)
-    if isinstance(op, ops.ReserveSlots):
-        return kv.reserve(op.counts)
-    if isinstance(op, ops.FreeSlots):
-        return kv.free_reserved(op.slots)
-    if isinstance(op, ops.Adopt):
-        for rid, tokens, kv_len, slots in op.requests:
-            kv.adopt(rid, tokens, kv_len, slots)
-        return None
-    if isinstance(op, ops.Call):
-        from tiertp.execution.loader import resolve_target
-
-        try:
-            return ("ok", resolve_target(op.target)(handle, op.arg))
-        except Exception as e:  # the caller decides; the instance itself is unaffected
-            return ("error", f"{type(e).__name__}: {e}")
-    raise TypeError(f"unknown operation {op!r}")
-
-
-def broadcast(ctx, op=None):
-    """Leader: send `op` to the followers. Follower: receive it."""
-    import torch.distributed as dist
-
-    buf = [op]
-    dist.broadcast_object_list(buf, src=ctx.leader_global_rank, group=ctx.group.cpu_group)
-    return buf[0]
-
-
-def gather(ctx, value):
-    """Every rank's `value`, in rank order, on the leader (None elsewhere)."""
-    import torch.distributed as dist
-
-    if ctx.group is None:
-        return [value]
-    out = [None] * ctx.tp if ctx.is_leader else None
-    dist.gather_object(value, out, dst=ctx.leader_global_rank, group=ctx.group.cpu_group)
-    return out
 
 
 def rank_main(spec: InstanceSpec, model_path: str, rank: int, dist_port: int, conn) -> None:
@@ -98,20 +35,13 @@ def rank_main(spec: InstanceSpec, model_path: str, rank: int, dist_port: int, co
     die_with_parent()
     code = 0
     try:
-        from tiertp.execution.loader import load_rank
-        from tiertp.execution.rank_kv import RankKV
-
         runner, tokenizer, ctx = load_rank(spec, model_path, rank, dist_port)
         if spec.device == "cpu":
             # SGLang pins a CPU rank only with its native kernels; without this
             # the ranks of different devices share every core (docs/fidelity.md).
-            from tiertp.engine.cpu_pinning import bind_rank
-
             bind_rank(rank)
         handle = RankHandle(ctx, runner, RankKV(runner))
         if ctx.is_leader:
-            from tiertp.execution.leader_loop import LeaderLoop
-
             LeaderLoop(conn, handle, tokenizer, spec).run()
         else:
             _follow(handle)
@@ -131,8 +61,6 @@ def rank_main(spec: InstanceSpec, model_path: str, rank: int, dist_port: int, co
 
 
 def _follow(handle: RankHandle) -> None:
-    import torch
-
     with torch.no_grad():
         while True:
             op = broadcast(handle.ctx)

@@ -41,6 +41,7 @@ from tiertp.kv.ids import id_tensor
 
 class RankKV:
     def __init__(self, model_runner):
+        # Imported here: the controller imports this module too and never imports SGLang.
         from sglang.benchmark import one_batch
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
@@ -232,16 +233,3 @@ class RankKV:
     def reserved_count(self) -> int:
         return int(self.reserved.sum())
 
-
-# --- `Call` targets: park / unpark on every rank -------------------------
-# (The leader checks first, then runs them on every rank through ops.Call.)
-PARK = "tiertp.execution.rank_kv:park_on_rank"
-UNPARK = "tiertp.execution.rank_kv:unpark_on_rank"
-
-
-def park_on_rank(handle, rids) -> None:
-    handle.kv.park(rids)
-
-
-def unpark_on_rank(handle, items) -> None:
-    handle.kv.unpark(items)

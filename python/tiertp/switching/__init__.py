@@ -17,7 +17,8 @@ Request ids must be listed by the caller (it knows what each instance
 holds); requests not yet prefilled move as metadata and prefill on the
 destination.
 
-Modules: coordinator (the steps), planning (exported requests -> tiertp.kv
+Modules: coordinator (the steps), participant (what it needs of an instance:
+`SwitchParticipant`), planning (exported requests -> tiertp.kv
 plan), layout_ids (participant ids: old vs new process of a device),
 rank_migrate (what runs inside the ranks), control_store (the TCPStore the
 instances' ranks meet through), relay (the slow path through the controller

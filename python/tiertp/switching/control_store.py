@@ -12,6 +12,8 @@ import datetime
 import itertools
 import os
 
+import torch.distributed as dist
+
 
 class ControlStore:
     """A TCPStore server on `host`, started on first use (port chosen by the OS)."""
@@ -24,8 +26,6 @@ class ControlStore:
     @property
     def address(self) -> tuple[str, int]:
         if self._server is None:
-            import torch.distributed as dist
-
             self._server = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False,
                                          timeout=datetime.timedelta(seconds=self.timeout_s))
         return (self.host, self._server.port)

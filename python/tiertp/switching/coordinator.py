@@ -1,6 +1,6 @@
 """`SwitchCoordinator`: move requests, KV included, from TP instances to another one.
 
-One mechanism for both uses of the issue:
+One mechanism for both ways requests move between instances:
 - a TP switch (`switch`): every request of the source instance(s) (e.g. one
   TP1, or two TP1 -> one TP2) moves to a warm destination instance at the
   new TP level on the same devices; the sources are left paused (idle);
@@ -45,18 +45,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from tiertp.execution.instance import TpInstance
+from tiertp.execution.rank_call import RankCall
 from tiertp.execution.records import RequestId
 from tiertp.kv.executor import DEFAULT_CHUNK_BYTES
 from tiertp.switching import rank_migrate
 from tiertp.switching.control_store import ControlStore
 from tiertp.switching.errors import SwitchRolledBack, SwitchSetupError
 from tiertp.switching.layout_ids import new_id, old_id
+from tiertp.switching.participant import RelayParticipant, Source, SwitchParticipant
 from tiertp.switching.planning import SwitchPlan, kv_shape, plan_switch
 from tiertp.switching.relay import plannable, relay
 from tiertp.switching.result import SwitchResult
-
-Source = tuple[TpInstance, Sequence[RequestId]]
 
 # Small migrations use smaller staging chunks: two of them still pipeline,
 # and the shared-memory segments stay small (they are created per switch).
@@ -64,7 +63,8 @@ _MIN_CHUNK_BYTES = 64 << 10
 
 
 class SwitchCoordinator:
-    """Runs switches and hand-offs between TP instances this process controls.
+    """Runs switches and hand-offs between TP instances (SwitchParticipant:
+    TpInstances this process controls, or proxies of them).
 
     `timeout_s` bounds every wait of a rank on its peers during a migration.
     One coordinator hosts one control store, reused by all its switches."""
@@ -82,20 +82,21 @@ class SwitchCoordinator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def warm(self, *instances: TpInstance) -> None:
+    def warm(self, *instances: SwitchParticipant) -> None:
         """Prepare started instances for switches (imports, store connection,
         KV pool moved into shared memory in every rank), so the first switch
         costs what the others do. Optional."""
         for inst in instances:
-            inst.call_on_ranks(rank_migrate.WARM, self.store.address)
+            inst.call_on_ranks(rank_migrate.Warm(self.store.address))
 
     # --- the two uses ---------------------------------------------------
-    def switch(self, sources: Sequence[Source], dest: TpInstance) -> SwitchResult:
+    def switch(self, sources: Sequence[Source], dest: SwitchParticipant) -> SwitchResult:
         """Move the listed requests (all of each source's) to `dest`; the
         sources stay paused afterwards, `dest` runs."""
         return self._transfer(list(sources), dest, keep_sources_paused=True)
 
-    def hand_off(self, source: TpInstance, rids: Sequence[RequestId], dest: TpInstance, overlap: bool = True,
+    def hand_off(self, source: SwitchParticipant, rids: Sequence[RequestId], dest: SwitchParticipant,
+                 overlap: bool = True,
                  on_source_resumed: Callable[[], None] | None = None) -> SwitchResult:
         """Move `rids` from `source` to `dest`; both run afterwards.
 
@@ -116,7 +117,7 @@ class SwitchCoordinator:
         return self._hand_off_overlapped(source, list(rids), dest, on_source_resumed)
 
     # --- the mechanism --------------------------------------------------
-    def _transfer(self, sources: list[Source], dest: TpInstance, keep_sources_paused: bool) -> SwitchResult:
+    def _transfer(self, sources: list[Source], dest: SwitchParticipant, keep_sources_paused: bool) -> SwitchResult:
         _check(sources, dest)
         instances = [src for src, _ in sources] + [dest]
         was_paused = [inst.paused for inst in instances]
@@ -135,7 +136,8 @@ class SwitchCoordinator:
                 pages = {sp.names[name]: slots for name, slots in by_name.items()}
                 path = "kv-migrate"
             else:  # e.g. TP3: tiertp.kv plans power-of-two levels only
-                pages, relayed = relay([(src, states) for (src, _), states in zip(sources, exported)], dest)
+                pages, relayed = relay([(_relayable(src), states) for (src, _), states in zip(sources, exported)],
+                                       _relayable(dest))
                 moved_bytes, rank_ms, path = (relayed, 0, 0), 0.0, "relay"
             clock.mark("migrate")
             _adopt(dest, [s for batch in exported for s in batch], pages)
@@ -162,7 +164,7 @@ class SwitchCoordinator:
         return _result(exported, moved_bytes, stop_ms, {**clock.parts, "migrate_rank_max": rank_ms}, path,
                        source_stop_ms)
 
-    def _hand_off_overlapped(self, source: TpInstance, rids: list[RequestId], dest: TpInstance,
+    def _hand_off_overlapped(self, source: SwitchParticipant, rids: list[RequestId], dest: SwitchParticipant,
                              on_source_resumed: Callable[[], None] | None) -> SwitchResult:
         _check([(source, rids)], dest)
         was_paused = [source.paused, dest.paused]
@@ -196,7 +198,7 @@ class SwitchCoordinator:
                 pages = {sp.names[name]: slots for name, slots in by_name.items()}
                 path = "kv-migrate"
             else:  # the relay reads the source itself: it resumes once the relay is done
-                pages, relayed = relay([(source, exported)], dest)
+                pages, relayed = relay([(_relayable(source), exported)], _relayable(dest))
                 moved_bytes, rank_ms, path = (relayed, 0, 0), 0.0, "relay"
             resume_source()  # nothing to migrate, or the relay
             clock.mark("migrate")
@@ -219,12 +221,12 @@ class SwitchCoordinator:
         parts = {**clock.parts, "migrate_rank_max": rank_ms, "source_stop": source_stop[0]}
         return _result([exported], moved_bytes, stop_ms, parts, path, source_stop[0])
 
-    def _rank_call(self, call: rank_migrate.MigrationCall) -> tuple[str, object]:
-        """The `call_on_ranks` (target, arg) running one instance's part of a
-        migration. A seam for tests (e.g. to hold a destination's copy back)."""
-        return rank_migrate.RUN, call
+    def _rank_call(self, call: rank_migrate.MigrationCall) -> RankCall:
+        """The call running one instance's part of a migration on its ranks.
+        A seam for tests (e.g. to hold a destination's copy back)."""
+        return call
 
-    def _migrate(self, sp: SwitchPlan, sources: list[Source], dest: TpInstance,
+    def _migrate(self, sp: SwitchPlan, sources: list[Source], dest: SwitchParticipant,
                  on_sources_done: Callable[[], None] | None = None):
         """tiertp.kv.migrate on every rank at once. Returns (plan request id ->
         destination slots, (bytes between processes, bytes local, bytes the
@@ -250,8 +252,7 @@ class SwitchCoordinator:
         started, errors = [], []
         for inst, call in calls:
             try:
-                target, arg = self._rank_call(call)
-                started.append((inst, inst.begin_call(target, arg, timeout_s=3 * self.timeout_s)))
+                started.append((inst, inst.begin_call(self._rank_call(call), timeout_s=3 * self.timeout_s)))
             except Exception as e:  # this instance is gone; its peers time out and report it too
                 errors.append(f"TP{inst.spec.tp} instance on devices {list(inst.spec.devices)}: {_describe(e)}")
         results = {}
@@ -284,7 +285,7 @@ class SwitchCoordinator:
         if errors:
             if per_rank is not None and not _is_closed(dest):
                 try:
-                    dest.call_on_ranks(rank_migrate.FREE, name)
+                    dest.call_on_ranks(rank_migrate.FreeReserved(name))
                 except Exception as e:  # noqa: BLE001 - reported with the failure that caused it
                     errors.append(f"freeing the destination's slots failed too: {_describe(e)}")
             raise _MigrationFailed("; ".join(_dedupe(errors)))
@@ -295,7 +296,8 @@ class SwitchCoordinator:
         return per_rank[0]["pages"], (between, local, pulled), rank_ms
 
     @staticmethod
-    def _restore(sources: list[Source], instances: list[TpInstance], was_paused: list[bool]) -> tuple[int, ...]:
+    def _restore(sources: list[Source], instances: list[SwitchParticipant],
+                 was_paused: list[bool]) -> tuple[int, ...]:
         """Put every live instance back in its pause state; the indexes of sources that died."""
         for inst, paused in zip(instances, was_paused):
             if not paused and not _is_closed(inst):
@@ -303,7 +305,7 @@ class SwitchCoordinator:
         return tuple(i for i, (src, _) in enumerate(sources) if _is_closed(src))
 
 
-def _adopt(dest: TpInstance, exported: list, pages: dict) -> None:
+def _adopt(dest: SwitchParticipant, exported: list, pages: dict) -> None:
     """`dest` adopts the exported requests (RequestStates), their KV now in
     `pages` (request id -> destination slots); on failure those slots are freed."""
     states = [s.with_slots(pages[s.rid]) if s.kv_len else s for s in exported]
@@ -352,7 +354,7 @@ def _chunk_bytes(plan) -> int:
     return max(_MIN_CHUNK_BYTES, min(DEFAULT_CHUNK_BYTES, -(-widest_pair // 2)))
 
 
-def _check(sources: list[Source], dest: TpInstance) -> None:
+def _check(sources: list[Source], dest: SwitchParticipant) -> None:
     if not sources:
         raise SwitchSetupError("a switch needs at least one source instance")
     for inst in [src for src, _ in sources] + [dest]:
@@ -373,12 +375,20 @@ def _check(sources: list[Source], dest: TpInstance) -> None:
                                    "KV moves only between instances of the same model")
 
 
-def _is_closed(inst: TpInstance) -> bool:
+def _relayable(inst: SwitchParticipant) -> RelayParticipant:
+    """`inst`, which the relay path reads or writes through this process."""
+    if not isinstance(inst, RelayParticipant):
+        raise SwitchSetupError(f"the TP{inst.spec.tp} instance on devices {list(inst.spec.devices)} "
+                               f"({type(inst).__name__}) cannot relay KV through this process")
+    return inst
+
+
+def _is_closed(inst: SwitchParticipant) -> bool:
     # An instance closes itself when a rank fails.
     return inst.closed
 
 
-def _model_key(inst: TpInstance) -> tuple:
+def _model_key(inst: SwitchParticipant) -> tuple:
     g = inst.info.kv
     return (inst.spec.model, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, inst.info.vocab_size)
 

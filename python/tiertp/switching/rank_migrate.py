@@ -1,14 +1,14 @@
-"""The `call_on_ranks` targets a switch runs inside the ranks of its instances.
+"""The `RankCall`s a switch runs inside the ranks of its instances.
 
-`run` is tiertp.kv.migrate in one rank process: every rank of every instance
-taking part calls it at once (the coordinator's `begin_call` on each
-instance), joined by a StoreControlGroup over the coordinator's TCPStore
+`MigrationCall` runs tiertp.kv.migrate in one rank process (`run`): every
+rank of every instance taking part runs it at once (the coordinator's
+`begin_call` on each instance), joined by a StoreControlGroup over the coordinator's TCPStore
 (the instances are separate torch.distributed worlds) and moving the bytes
 through shared memory (ShmTransport). A source rank only reads its KV; a
 destination rank allocates the slots it receives into (they stay reserved
 until the destination adopts the requests or the coordinator frees them).
 
-On CPU every rank's KV buffers are moved into shared memory once (`warm`, or
+On CPU every rank's KV buffers are moved into shared memory once (`Warm`, or
 a source's first switch; tiertp.execution.kv_view.share_kv_pool), so the
 destination ranks copy each request's heads straight out of the source's
 pool: one copy per byte, spread over the destination ranks' cores, and
@@ -17,16 +17,19 @@ nothing for the source ranks to do.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import time
 from array import array
 from dataclasses import dataclass
 
-from tiertp.kv import MigrationPlan
+import torch.distributed as dist
 
-RUN = "tiertp.switching.rank_migrate:run"
-FREE = "tiertp.switching.rank_migrate:free_reserved"
-WARM = "tiertp.switching.rank_migrate:warm"
+from tiertp.execution.kv_view import share_kv_pool
+from tiertp.execution.rank_call import RankCall
+from tiertp.execution.rank_handle import RankHandle
+from tiertp.kv import MigrationContext, MigrationPlan, ShmTransport, StoreControlGroup, migrate
+from tiertp.kv.ids import id_tensor
 
 # One client connection per coordinator store and process, reused by every
 # switch (a connection, not TP state: what a switch uses is all in its call).
@@ -35,14 +38,15 @@ _clients: dict[tuple[str, int], object] = {}
 # mapped between switches (the same processes switch back and forth).
 _transport = None
 # Slots this process reserved for its last few switches as a destination, by
-# switch name: what `free_reserved` gives back if the switch is rolled back.
+# switch name: what `FreeReserved` gives back if the switch is rolled back.
 _reserved: dict[str, list[int]] = {}
 _KEEP_RESERVED = 4
 
 
 @dataclass(frozen=True)
-class MigrationCall:
-    """What one instance's ranks need: the plan, who they are in it, how to meet the others."""
+class MigrationCall(RankCall):
+    """One instance's part of a migration: the plan, who its ranks are in it,
+    how to meet the others. Each rank answers as `run` does."""
 
     plan: MigrationPlan
     ids: tuple[int, ...]  # rank r's participant id in the plan
@@ -57,12 +61,31 @@ class MigrationCall:
     # overlapped hand-off): the destination must not copy on its cores.
     sources_idle: bool = True
 
+    def run(self, handle: RankHandle) -> dict:
+        return run(handle, self)
+
+
+@dataclass(frozen=True)
+class FreeReserved(RankCall):
+    """Rollback of the switch `name` on a destination: `free_reserved` on every rank."""
+
+    name: str
+
+    def run(self, handle: RankHandle) -> None:
+        free_reserved(handle, self.name)
+
+
+@dataclass(frozen=True)
+class Warm(RankCall):
+    """`warm` on every rank, meeting the coordinator's store at `store`."""
+
+    store: tuple[str, int]
+
+    def run(self, handle: RankHandle) -> None:
+        warm(handle, self.store)
+
 
 def _client(address: tuple[str, int], timeout_s: float):
-    import datetime
-
-    import torch.distributed as dist
-
     client = _clients.get(address)
     if client is None:
         client = dist.TCPStore(address[0], address[1], is_master=False, wait_for_workers=False,
@@ -71,7 +94,7 @@ def _client(address: tuple[str, int], timeout_s: float):
     return client
 
 
-def run(handle, call: MigrationCall) -> dict:
+def run(handle: RankHandle, call: MigrationCall) -> dict:
     """Migrate this rank's part: byte counts and a digest of its new slots
     per request (a destination's ranks must agree), the slots themselves
     from rank 0 only (they are tens of thousands of ints), or {"id",
@@ -87,15 +110,11 @@ def run(handle, call: MigrationCall) -> dict:
 def _shm_transport():
     global _transport
     if _transport is None:
-        from tiertp.kv import ShmTransport
-
         _transport = ShmTransport()
     return _transport
 
 
-def _run(handle, call: MigrationCall) -> dict:
-    from tiertp.kv import MigrationContext, StoreControlGroup, migrate
-
+def _run(handle: RankHandle, call: MigrationCall) -> dict:
     start = time.perf_counter()
     rank = handle.ctx.rank
     me = call.ids[rank]
@@ -104,8 +123,6 @@ def _run(handle, call: MigrationCall) -> dict:
     ctx = MigrationContext(gpu=me, group=group, gpu_to_rank={}, timeout_s=call.timeout_s)
     pool = handle.kv_pool()
     if call.role == "old":
-        from tiertp.execution.kv_view import share_kv_pool
-
         share_kv_pool(handle)  # once per process; a no-op after `warm`
     old_pool, new_pool = (pool, None) if call.role == "old" else (None, pool)
     result = migrate(ctx, call.plan, old_pool, new_pool, transport=_shm_transport(), chunk_bytes=call.chunk_bytes,
@@ -131,22 +148,17 @@ def pages_digest(pages: dict[str, list[int]]) -> str:
     return h.hexdigest()
 
 
-def free_reserved(handle, name: str) -> None:
+def free_reserved(handle: RankHandle, name: str) -> None:
     """Rollback: free the slots this rank reserved for the switch `name`,
     those still reserved (a rank whose migration failed freed its own already)."""
-    from tiertp.kv.ids import id_tensor
-
     ids = id_tensor(_reserved.pop(name, []))
     handle.kv.free_reserved(ids[handle.kv.reserved[ids]].tolist())
 
 
-def warm(handle, address: tuple[str, int]) -> None:
-    """Pay a rank's one-off costs before its first switch: import the
-    migration code, build the KV pool view and share it, connect to the
-    coordinator's store."""
-    import tiertp.kv.executor  # noqa: F401 - the import is the point
-    from tiertp.execution.kv_view import share_kv_pool
-
+def warm(handle: RankHandle, address: tuple[str, int]) -> None:
+    """Pay a rank's one-off costs before its first switch: the migration code
+    is imported with this module (when the rank unpickles the call), then
+    build the KV pool view and share it, connect to the coordinator's store."""
     _shm_transport()
     share_kv_pool(handle)
     _client(tuple(address), 60.0)

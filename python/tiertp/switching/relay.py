@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from tiertp.execution.instance import TpInstance
 from tiertp.execution.kv_view import kv_heads_of_rank
 from tiertp.execution.records import RequestState
+from tiertp.switching.participant import RelayParticipant
 
 
 def plannable(tp: int) -> bool:
@@ -24,7 +24,7 @@ def plannable(tp: int) -> bool:
     return tp >= 1 and tp & (tp - 1) == 0
 
 
-def relay(exported: list[tuple[TpInstance, list[RequestState]]], dest: TpInstance) -> tuple[dict, int]:
+def relay(exported: list[tuple[RelayParticipant, list[RequestState]]], dest: RelayParticipant) -> tuple[dict, int]:
     """Copy every exported request's KV into freshly reserved slots of `dest`.
     Returns (request id -> destination slots, bytes relayed). On failure the
     reserved slots are freed and the error raised (the sources were only read)."""
@@ -52,7 +52,7 @@ def relay(exported: list[tuple[TpInstance, list[RequestState]]], dest: TpInstanc
     return pages, relayed
 
 
-def _whole_heads(src: TpInstance, per_rank: list[torch.Tensor], heads: int) -> torch.Tensor:
+def _whole_heads(src: RelayParticipant, per_rank: list[torch.Tensor], heads: int) -> torch.Tensor:
     parts = [kv_heads_of_rank(heads, src.spec.tp, r) for r in range(src.spec.tp)]
     if [(p.start, p.stop) for p in parts] != [(r * heads // len(parts), (r + 1) * heads // len(parts))
                                             for r in range(len(parts))]:

@@ -14,8 +14,13 @@ device: the node agent's case).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from tiertp.execution.rank_call import RankCall
+from tiertp.execution.rank_handle import RankHandle
+from tiertp.weights import attach, bind_sglang_model, parameters_outside
+
 WEIGHT_BINDER = "tiertp.switching.weight_binder:bind_store"
-STORE_SHARING = "tiertp.switching.weight_binder:store_sharing"
 
 # Attribute under which the rank keeps its store mapping (for checks; the
 # parameter views keep the mapping alive by themselves).
@@ -36,26 +41,28 @@ def handle_for(handles, device: int):
 def bind_store(model_runner, ctx, handles) -> None:
     """`InstanceSpec.weight_binder` target, called in each rank process
     (TP context `ctx` passed explicitly by tiertp.execution.loader)."""
-    from tiertp.weights import attach, bind_sglang_model
-
     store = attach(handle_for(handles, ctx.device))
     stats = bind_sglang_model(model_runner.model, store, ctx.tp, ctx.rank)
     setattr(model_runner, _ATTR, (store, stats))
 
 
-def store_sharing(handle, _arg=None) -> dict:
-    """A `call_on_ranks` target: where this rank's parameters live.
+@dataclass(frozen=True)
+class StoreSharing(RankCall):
+    """Where this rank's parameters live.
 
     `store` is the backing file of the store the rank attached, `outside`
     the parameters not inside that mapping (empty when fully shared),
     `view_bytes` the bytes this rank's views address."""
-    from tiertp.weights import parameters_outside
 
-    bound = getattr(handle.model_runner, _ATTR, None)
-    if bound is None:
-        return {"store": None, "outside": ["<not bound to a weight store>"], "parameters": 0, "view_bytes": 0}
-    store, stats = bound
-    backing = store.handle.backing
-    return {"store": getattr(backing, "path", repr(backing)), "outside": parameters_outside(handle.model_runner.model,
-                                                                                            store),
-            "parameters": stats.parameters, "view_bytes": stats.view_bytes}
+    def run(self, handle: RankHandle) -> dict:
+        bound = getattr(handle.model_runner, _ATTR, None)
+        if bound is None:
+            return {"store": None, "outside": ["<not bound to a weight store>"], "parameters": 0, "view_bytes": 0}
+        store, stats = bound
+        backing = store.handle.backing
+        return {"store": getattr(backing, "path", repr(backing)),
+                "outside": parameters_outside(handle.model_runner.model, store),
+                "parameters": stats.parameters, "view_bytes": stats.view_bytes}
+
+
+STORE_SHARING = StoreSharing()

@@ -8,9 +8,15 @@ One concept per module:
 - requests: the agent's table of in-flight requests (one terminal message each);
 - config: `AgentConfig`, the agent's settings (each default written once);
 - process: one execution process as seen by the agent (start, keep-alive, death);
-- runner: `StepRunner`, one decoding iteration for a batch (a tiertp.execution TpInstance
-  on SGLang's model runner; the SGLang Engine path is the `--runner engine` fallback);
+- runner: `StepRunner` / `SwitchableStepRunner`, what the execution process needs of a
+  model replica, one decoding iteration at a time;
+- runners: the runners by name: instance_runner (a tiertp.execution TpInstance on SGLang's
+  model runner) and engine_runner (the SGLang Engine path, the `--runner engine` fallback);
+- batch_state: `BatchState`, the execution process's waiting, running and parked
+  requests and its batch policy (the one place that changes them);
 - executor: the execution process's main loop (Rust batch policy per iteration);
+- instance_ops, switch_ops: the ops a switch sends an execution process, and their handler;
+- remote_instance: the agent's proxy of an execution process's TP instance;
 - agent: the agent loop (ROUTER socket, routing, restarts, shutdown);
 - reference: greedy generation run directly on SGLang (what tests compare with).
 """

@@ -66,7 +66,8 @@ from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.process import DEAD, READY, ExecProcess
 from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 from tiertp.worker.requests import InFlight, RequestTable
-from tiertp.worker.runner import DEFAULT_RUNNER, ModelLimits
+from tiertp.worker.runner import ModelLimits
+from tiertp.worker.runners import DEFAULT_RUNNER
 from tiertp.worker.switcher import ChangeFailed, Switcher
 from tiertp.worker.weight_stores import close_stores, create_device_stores, write_store_handles
 
@@ -586,7 +587,7 @@ class Agent:
 
 
 def _runner_name() -> str:
-    """The execution processes' step runner (tiertp.worker.runner; they read the same variable)."""
+    """The execution processes' step runner (tiertp.worker.runners; they read the same variable)."""
     return os.environ.get("TIERTP_STEP_RUNNER") or DEFAULT_RUNNER
 
 

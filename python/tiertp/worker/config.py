@@ -10,6 +10,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiertp.engine.models import resolve_model
+from tiertp.engine.sglang_compat import cpu_count
+from tiertp.profiles.models import DecoderShape
+
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -59,8 +63,6 @@ class AgentConfig:
             raise ValueError(f"--bind must be a ZeroMQ endpoint (tcp://host:port or ipc://path), got {self.bind!r}")
 
     def resolved_cores_per_device(self) -> int:
-        from tiertp.engine.sglang_compat import cpu_count
-
         return self.cores_per_device or max(1, cpu_count() // self.devices)
 
     def resolved_log_dir(self) -> Path:
@@ -70,8 +72,7 @@ class AgentConfig:
 def check_model_fits_tp_levels(model: str, tp_levels: tuple[int, ...]) -> None:
     """ValueError unless the model's attention and KV heads split evenly at
     every level (a TP process of another level could never start)."""
-    from tiertp.engine.models import resolve_model
-    from tiertp.profiles.models import DecoderShape
+    # Imported here: tiertp.weights imports torch, which `tiertp --help` should not wait for.
     from tiertp.weights.checkpoint import read_config
 
     shape = DecoderShape(**DecoderShape.fields_from_config(read_config(resolve_model(model))))

@@ -17,8 +17,11 @@ group). It connects a ZeroMQ PAIR socket to the agent and loops:
    new tokens to the agent in one ``tokens`` message; requests that finished
    (or were cancelled) are released to the runner, which frees their KV.
 
-The runner is chosen with ``--runner`` (tiertp.worker.runner.RUNNERS; the
-default, or the TIERTP_STEP_RUNNER environment variable when set).
+The runner is chosen with ``--runner`` (tiertp.worker.runners.RUNNERS; the
+default, or the TIERTP_STEP_RUNNER environment variable when set). The
+process's requests (waiting, running, parked) live in one BatchState
+(tiertp.worker.batch_state), which the loop and the switch ops change
+through its methods only.
 
 An ``add`` carries the request's ``deadline``: the agent's time.monotonic()
 by which it must start (inf: none). CLOCK_MONOTONIC is system-wide on
@@ -52,14 +55,15 @@ import traceback
 import psutil
 import zmq
 
-from tiertp import _scheduler
 from tiertp.execution.process_util import die_with_parent
 from tiertp.worker import protocol as P
+from tiertp.worker.batch_state import BatchState
 from tiertp.worker.exec_request import ExecRequest
-from tiertp.worker.weight_stores import read_store_handles
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import DEFAULT_RUNNER, RUNNERS, RunnerDied, StepRunner, make_runner
+from tiertp.worker.runner import RunnerDied, StepRunner
+from tiertp.worker.runners import DEFAULT_RUNNER, RUNNERS, make_runner
 from tiertp.worker.switch_ops import SwitchOps
+from tiertp.worker.weight_stores import read_store_handles
 
 _IDLE_POLL_MS = 200
 _WATCH_S = 0.5
@@ -68,70 +72,39 @@ _exit_reason: list[str] = []
 
 
 class ExecutionLoop:
-    """The loop above, over a connected socket and a started runner."""
+    """The loop above, over a connected socket and a started runner; `requests`
+    (a BatchState) holds the process's requests."""
 
     def __init__(self, sock: zmq.Socket, runner: StepRunner, batch_cap: int, token_cap: int,
                  kv_capacity_tokens: int | None = None):
         self.sock = sock
-        # Admission reserves each request's whole KV (prompt + max_tokens), so a
-        # running batch can never outgrow the pool mid-decode: the runner has no
-        # retraction, and a refused decode step would fail the whole batch.
-        self.kv_capacity = kv_capacity_tokens
         self.runner = runner
-        self.policy = _scheduler.BatchPolicy(batch_cap, 0)
-        self._set_caps(batch_cap, token_cap)
-        self.waiting: dict[int, ExecRequest] = {}
-        self.running: dict[int, ExecRequest] = {}  # insertion order = batch order
-        # Parked by a hand-off in flight (switch_ops ``park``): not stepped, not
-        # running, but their KV is still held here until released or unparked.
-        self.parked: dict[int, ExecRequest] = {}
+        self.requests = BatchState(runner, batch_cap, token_cap, kv_capacity_tokens)
         self.parent = os.getppid()
         self.stop = False
-        # Paused by a switch (tiertp.worker.switch_ops): no iteration runs until
-        # `resume`; an inactive TP level's process stays paused between switches.
-        self.paused = False
-        self.ops = SwitchOps(self)
-
-    def _set_caps(self, batch_cap: int, token_cap: int) -> None:
-        # The plan's token cap is a per-iteration prefill budget (the simulator
-        # chunks long prompts over iterations under it). A runner that chunks
-        # takes it; otherwise the policy admits only prompts that fit it (a
-        # longer one only into an empty batch).
-        chunked = self.runner.set_prefill_chunk(token_cap or None)
-        self.policy.set_caps(batch_cap, 0 if chunked else token_cap)
+        self.ops = SwitchOps(self.requests, self.send, self.send_load)
 
     def send(self, msg: dict) -> None:
         self.sock.send(P.encode(msg))
 
     def send_load(self) -> None:
-        self.send({"type": "load", **self._load()})
-
-    def _load(self) -> dict:
-        # Parked requests count in the KV they still hold, not as running.
-        kv = sum(len(r.input_ids) + len(r.output) for r in (*self.running.values(), *self.parked.values()))
-        return {"running": len(self.running), "waiting": len(self.waiting), "kv_used_tokens": kv}
+        self.send({"type": "load", **self.requests.load()})
 
     def _handle(self, msg: dict) -> None:
         kind = msg["type"]
         if kind == "add":
             r = ExecRequest(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], msg["temperature"], msg["top_p"],
-                     msg["seed"], tuple(msg["stop_token_ids"]))
-            if self.policy.enqueue_with_deadline(r.rid, msg["cls"], len(r.input_ids), msg["deadline"]):
-                self.waiting[r.rid] = r
+                            msg["seed"], tuple(msg["stop_token_ids"]))
+            self.requests.add(r, msg["cls"], msg["deadline"])
         elif kind == "cancel":
-            self.policy.remove(msg["rid"])
-            self.waiting.pop(msg["rid"], None)
-            # A parked request (hand-off in flight) is released too: the hand-off then skips it.
-            held = self.running.pop(msg["rid"], None), self.parked.pop(msg["rid"], None)
-            if any(r is not None for r in held):
-                self.runner.release([msg["rid"]])
+            self.requests.cancel(msg["rid"])
             # The agent's stats come from this process's reports; without this
             # one they would show the cancelled request until the next ping.
             self.send_load()
         elif kind == "caps":
-            self._set_caps(msg["batch_cap"], msg["token_cap"])
+            self.requests.set_caps(msg["batch_cap"], msg["token_cap"])
         elif kind == "ping":
-            self.send({"type": "pong", **self._load()})
+            self.send({"type": "pong", **self.requests.load()})
         elif kind == "op":
             self.send(self.ops.handle(msg))
         elif kind == "shutdown":
@@ -140,73 +113,42 @@ class ExecutionLoop:
             raise RuntimeError(f"execution process got unknown message type {kind!r}")
 
     def run(self) -> None:
+        requests = self.requests
         while not self.stop:
-            busy = bool(self.running or self.waiting) and not self.paused
+            busy = requests.has_work() and not requests.paused
             timeout = 0 if busy else _IDLE_POLL_MS
             while self.sock.poll(timeout):
                 self._handle(P.decode(self.sock.recv()))
                 timeout = 0
             if self.stop or os.getppid() != self.parent:  # agent gone: never outlive it
                 return
-            if self.paused:
+            if requests.paused:
                 continue
             self._schedule(time.monotonic())
-            if self.running:
+            if requests.running:
                 self._iterate()
 
     def _schedule(self, now: float) -> None:
-        """Shed the waiting requests past their deadline, then admit the next ones into the batch."""
-        self._shed_expired(now)
-        for rid in self._admit():
-            self.running[rid] = self.waiting.pop(rid)
-
-    def _shed_expired(self, now: float) -> None:
-        """Drop the waiting requests that can no longer start by their deadline and tell the
-        agent, which fails them (each one still gets its terminal message). Waiting requests
-        hold nothing in the runner, so this frees what a cancel of a waiting one frees."""
-        expired = self.policy.take_expired(now)
+        """Shed the waiting requests past their deadline (the agent fails them:
+        each one still gets its terminal message), then admit the next ones into the batch."""
+        expired = self.requests.shed_expired(now)
         if expired:
-            for rid in expired:
-                del self.waiting[rid]
-            self.send({"type": "expired", "rids": expired, **self._load()})
-
-    def _admit(self) -> list[int]:
-        """The requests the batch policy adds this iteration, FCFS within the
-        KV left after the running requests' reservations. A request alone
-        always fits: the agent refuses any larger than max_request_tokens,
-        which is at most the pool."""
-        if self.kv_capacity is None:
-            return self.policy.next_batch(len(self.running))
-        held = (*self.running.values(), *self.parked.values())  # parked ones keep their KV
-        left = self.kv_capacity - sum(r.kv_reserved for r in held)
-        return self.policy.next_batch_within(len(self.running), max(0, left),
-                                             {r.rid: r.kv_reserved for r in self.waiting.values()})
+            self.send({"type": "expired", "rids": expired, **self.requests.load()})
+        self.requests.admit()
 
     def _iterate(self) -> None:
-        batch = list(self.running.values())
+        batch = list(self.requests.running)
         try:
-            outs = self.runner.step([r.step_input() for r in batch])
+            items = self.requests.step()
         except RunnerDied as e:  # not a failed iteration: this worker is dead
             _exit_reason.append(str(e))
             raise
         except Exception as e:
-            self.send({"type": "failed", "rids": [r.rid for r in batch],
-                        "message": f"model iteration failed: {type(e).__name__}: {e}"})
+            self.send({"type": "failed", "rids": batch,
+                       "message": f"model iteration failed: {type(e).__name__}: {e}"})
             raise
-        items, finished = [], []
-        for r, o in zip(batch, outs, strict=True):
-            if o.token is None:  # still prefilling (chunked) or waiting for KV space
-                continue
-            r.output.append(o.token)
-            reason = "stop" if o.stopped else "length" if len(r.output) >= r.max_tokens else None
-            items.append({"rid": r.rid, "token": o.token, "finished": reason is not None, "finish_reason": reason})
-            if reason is not None:
-                del self.running[r.rid]
-                finished.append(r.rid)
-        if finished:
-            self.runner.release(finished)
         if items:
-            self.send({"type": "tokens", "items": items, **self._load()})
+            self.send({"type": "tokens", "items": items, **self.requests.load()})
 
 
 def _watch_engine_children() -> None:

@@ -3,10 +3,10 @@
 tiertp.switching.SwitchCoordinator moves requests between TpInstance
 objects it calls directly; in the node agent every instance lives in its own
 execution process (so a dying instance takes only its process down). This
-proxy gives the coordinator the same surface (`spec`, `info`, `closed`,
-`paused`, pause/resume/export/park/unpark/adopt/release/free_slots/
-call_on_ranks/begin_call) by sending ``op`` messages (tiertp.worker.switch_ops) and
-waiting for their ``op_done``.
+proxy gives the coordinator the same surface
+(tiertp.switching.participant.SwitchParticipant) by sending ``op`` messages
+(tiertp.worker.instance_ops, run by tiertp.worker.switch_ops) and waiting
+for their ``op_done``.
 
 While it waits, the process may still send what it sent before reading the
 op (tokens of the iteration that just ended, a load report): those are handed
@@ -25,6 +25,9 @@ from typing import Any
 
 import zmq
 
+from tiertp.execution.rank_call import RankCall
+from tiertp.execution.records import RequestState
+from tiertp.worker import instance_ops as op_types
 from tiertp.worker.process import DEAD, READY, ExecProcess
 
 
@@ -69,7 +72,7 @@ class RemoteInstance:
         self._dispatch, self._max_tokens, self._timeout_s = dispatch, max_tokens, timeout_s
         self._paused = False
         self.held: dict[str, list[int]] = {"running": [], "waiting": []}  # as of the last pause
-        self.info = self._call("info", None)
+        self.info = self._call(op_types.Info())
 
     # --- state -------------------------------------------------------------
     @property
@@ -80,52 +83,53 @@ class RemoteInstance:
     def paused(self) -> bool:
         return self._paused
 
-    # --- the TpInstance surface the coordinator uses ----------------------
+    # --- the SwitchParticipant surface the coordinator uses ---------------
     def pause(self) -> None:
-        self.held = self._call("pause", None)
+        self.held = self._call(op_types.Pause())
         self._paused = True
 
     def resume(self) -> None:
-        self._call("resume", None)
+        self._call(op_types.Resume())
         self._paused = False
 
-    def export(self, rids: list[int]) -> list:
-        return self._call("export", list(rids))
+    def export(self, rids: list[int]) -> list[RequestState]:
+        return self._call(op_types.Export(list(rids)))
 
-    def park(self, rids: list[int]) -> list:
+    def park(self, rids: list[int]) -> list[RequestState]:
         """Export and park those of `rids` still running (finished ones are
         skipped: the states say which); the process may iterate its other
         requests while they are parked."""
-        return self._call("park", list(rids))
+        return self._call(op_types.Park(list(rids)))
 
     def unpark(self, rids: list[int]) -> None:
-        self._call("unpark", list(rids))
+        self._call(op_types.Unpark(list(rids)))
 
-    def adopt(self, states: list) -> None:
-        self._call("adopt", (list(states), {s.rid: self._max_tokens(s.rid) for s in states}))
+    def adopt(self, states: list[RequestState]) -> None:
+        self._call(op_types.Adopt(list(states), {s.rid: self._max_tokens(s.rid) for s in states}))
 
     def release(self, rids: list[int]) -> None:
-        self._call("release", list(rids))
+        self._call(op_types.Release(list(rids)))
 
     def free_slots(self, slots: list[int]) -> None:
-        self._call("free_slots", list(slots))
+        self._call(op_types.FreeSlots(list(slots)))
 
-    def call_on_ranks(self, target: str, arg: Any = None, timeout_s: float | None = None) -> list:
-        return self.begin_call(target, arg, timeout_s).result()
+    def call_on_ranks(self, call: RankCall, timeout_s: float | None = None) -> list:
+        return self.begin_call(call, timeout_s).result()
 
-    def begin_call(self, target: str, arg: Any = None, timeout_s: float | None = None) -> _Pending:
+    def begin_call(self, call: RankCall, timeout_s: float | None = None) -> _Pending:
         wait = timeout_s or self._timeout_s
-        return _Pending(self, self._send("call", (target, arg, timeout_s)), f"call {target}", wait + 5.0)
+        return _Pending(self, self._send(op_types.CallOnRanks(call, timeout_s)), f"call {call.describe()}",
+                        wait + 5.0)
 
     # --- the wire ----------------------------------------------------------
-    def _call(self, name: str, arg: Any):
-        return self._wait(self._send(name, arg), name, self._timeout_s)
+    def _call(self, op: op_types.InstanceOp) -> Any:
+        return self._wait(self._send(op), op.what, self._timeout_s)
 
-    def _send(self, name: str, arg: Any) -> int:
+    def _send(self, op: op_types.InstanceOp) -> int:
         if self.proc.state != READY:
-            raise RemoteOpFailed(f"{self._where()}: {name}: the execution process is {self.proc.state}")
+            raise RemoteOpFailed(f"{self._where()}: {op.what}: the execution process is {self.proc.state}")
         op_id = next(self._ids)
-        self.proc.send({"type": "op", "op_id": op_id, "name": name, "arg": pickle.dumps(arg)})
+        self.proc.send({"type": "op", "op_id": op_id, "op": pickle.dumps(op)})
         return op_id
 
     def _wait(self, op_id: int, what: str, timeout_s: float):

@@ -1,36 +1,26 @@
-"""`StepRunner`: one decoding iteration for a batch of requests.
+"""`StepRunner`: what the execution process needs of a model replica, one iteration at a time.
 
 The execution loop (tiertp.worker.executor) decides which requests run each
-iteration (the Rust batch policy) and calls `step` once per iteration; the
-runner returns one new token per request (or none yet, for a request whose
-prompt is still being prefilled in chunks), and is told with `release` when
-a request leaves (finished or cancelled).
+iteration (its RequestTable, over the Rust batch policy) and calls `step`
+once per iteration; the runner returns one new token per request (or none
+yet, for a request whose prompt is still being prefilled in chunks), and is
+told with `release` when a request leaves (finished or cancelled).
 
-Two runners, named in `RUNNERS` (`make_runner` builds one by name):
+`SwitchableStepRunner` is a runner that owns a TP instance (tiertp.execution)
+and so can take part in TP switches and hand-offs: pause, park, unpark,
+adopt, and give requests away (tiertp.worker.switch_ops).
 
-- ``instance`` (the default, `tiertp.execution.step_runner.InstanceStepRunner`):
-  a KV-owning TP instance on SGLang's model runner (tiertp.execution); it
-  keeps every request's KV across steps, prefills new requests and decodes
-  the running ones, and frees a request's KV on `release`. This is the path
-  KV migration and TP switching build on.
-- ``engine`` (the fallback, `EngineStepRunner`): SGLang's `Engine`, one
-  token at a time. `TIERTP_STEP_RUNNER=engine` (or the execution process's
-  ``--runner engine``) selects it.
-
-`EngineStepRunner` drives SGLang's `Engine` one token at a time: each
-iteration is one `Engine.generate` call over the batch with
-`max_new_tokens=1` and each request's prompt plus the tokens generated so
-far. SGLang's radix cache matches everything but the newest token, so an
-iteration extends one token per request instead of re-running the prompt.
-It cannot migrate KV or switch TP; it stays as a reference and fallback.
+The implementations are listed in tiertp.worker.runners.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
-from tiertp.worker.groups import TpGroup
+from tiertp.execution.instance import TpInstance
+from tiertp.execution.records import RequestState
 
 
 @dataclass(frozen=True)
@@ -73,7 +63,8 @@ class RunnerDied(RuntimeError):
     restarts it), not report a failed iteration."""
 
 
-class StepRunner(ABC):
+@runtime_checkable
+class StepRunner(Protocol):
     """Runs a model replica on one TP group.
 
     Contract: `start` is called once in the execution process before any
@@ -107,74 +98,43 @@ class StepRunner(ABC):
     def close(self) -> None: ...
 
 
-class EngineStepRunner(StepRunner):
-    def __init__(self, model: str, group: TpGroup, max_total_tokens: int, extra_engine_args: dict | None = None):
-        self.model = model
-        self.group = group
-        self.max_total_tokens = max_total_tokens
-        self.extra = dict(extra_engine_args or {})
-        self._engine = None
+@runtime_checkable
+class SwitchableStepRunner(StepRunner, Protocol):
+    """A StepRunner over a TP instance: its requests' KV can move to another instance and back.
 
-    def start(self) -> ModelLimits:
-        from tiertp.engine.launch import EngineSpec, start_engine
+    Contract, on top of StepRunner's: the caller (the execution process's
+    RequestTable) is the one owner of which requests run, and calls these only
+    between steps. A *parked* request is left out of the steps while its KV
+    stays where it is (a hand-off reads it); `release` may also name a parked
+    request (it frees its KV). Each method raises RunnerDied when the
+    instance died.
+    """
 
-        spec = EngineSpec(model=self.model, tp=self.group.tp, device="cpu",
-                          max_total_tokens=self.max_total_tokens, extra=self.extra)
-        self._engine = start_engine(spec)
-        tm = self._engine.tokenizer_manager
-        return ModelLimits(
-            vocab_size=int(tm.model_config.vocab_size),
-            max_request_tokens=min(int(tm.context_len), self.max_total_tokens),
-            kv_capacity_tokens=self.max_total_tokens,
-        )
+    # The TP instance, once started: for what does not change which requests
+    # run (info, export, reserved slots, rank calls).
+    instance: TpInstance | None
 
-    def step(self, batch: list[StepInput]) -> list[StepOutput]:
-        params = []
-        for r in batch:
-            p = {"max_new_tokens": 1, "temperature": r.temperature, "top_p": r.top_p,
-                 "stop_token_ids": list(r.stop_token_ids)}
-            if r.seed is not None:
-                # A fixed seed per step would repeat the same draw every step.
-                p["sampling_seed"] = (r.seed + r.generated) % 2**63
-            params.append(p)
-        outs = self._engine.generate(input_ids=[r.token_ids for r in batch], sampling_params=params)
-        if isinstance(outs, dict):
-            outs = [outs]
-        result = []
-        for r, o in zip(batch, outs, strict=True):
-            ids = o.get("output_ids") or []
-            if len(ids) != 1:
-                raise RuntimeError(f"request {r.rid}: SGLang returned {len(ids)} tokens for a 1-token step")
-            reason = (o.get("meta_info") or {}).get("finish_reason") or {}
-            result.append(StepOutput(r.rid, int(ids[0]), stopped=reason.get("type") == "stop"))
-        return result
+    @abstractmethod
+    def pause(self) -> None:
+        """No step runs until `resume`; the KV of released requests is freed now (a switch needs the room)."""
 
-    def close(self) -> None:
-        engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.shutdown()
+    @abstractmethod
+    def resume(self) -> None:
+        """Steps may run again."""
 
+    @abstractmethod
+    def park(self, rids: list[int]) -> list[RequestState]:
+        """Take these stepped requests out of the steps, their KV kept; their states (as TpInstance.export)."""
 
-# The one list of runner names; the first is the default.
-RUNNERS = ("instance", "engine")
-DEFAULT_RUNNER = RUNNERS[0]
+    @abstractmethod
+    def unpark(self, rids: list[int]) -> None:
+        """Parked requests are stepped again; the next step gives each the token it was due."""
 
+    @abstractmethod
+    def adopt(self, states: list[RequestState]) -> None:
+        """The instance takes these requests over, KV already in its reserved slots: from the next step
+        on they are stepped (they decode, no prefill)."""
 
-def make_runner(name: str, model: str, group: TpGroup, max_total_tokens: int,
-                extra_args: dict | None = None, cores_per_device: int | None = None,
-                weight_stores: dict | None = None) -> StepRunner:
-    """The runner called `name` (one of RUNNERS); `extra_args` are more SGLang
-    server/engine keyword arguments; `cores_per_device` pins each rank to its
-    device's cores (the instance runner; the Engine runner splits all cores);
-    `weight_stores` ({device: tiertp.weights.StoreHandle}) binds the instance's
-    ranks to their devices' shared weights (the instance runner only)."""
-    if name == "instance":
-        from tiertp.execution.step_runner import InstanceStepRunner
-
-        return InstanceStepRunner(model, group, max_total_tokens, extra_args, cores_per_rank=cores_per_device,
-                                  weight_stores=weight_stores)
-    if weight_stores:
-        raise ValueError(f"step runner {name!r} cannot use shared weight stores; use 'instance'")
-    if name == "engine":
-        return EngineStepRunner(model, group, max_total_tokens, extra_args)
-    raise ValueError(f"unknown step runner {name!r}; expected one of: {', '.join(RUNNERS)}")
+    @abstractmethod
+    def moved_away(self, rids: list[int]) -> None:
+        """These stepped or parked requests now live on another instance: free their KV now and forget them."""

@@ -15,6 +15,7 @@ import pickle
 import time
 from pathlib import Path
 
+from tiertp.engine.models import resolve_model
 from tiertp.weights import StoreHandle, WeightStore, create_store
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,6 @@ CPU_DTYPE = "float32"
 
 def create_device_stores(model: str, devices: int, tp_levels: tuple[int, ...]) -> dict[int, WeightStore]:
     """One store per device serving every level in `tp_levels`; closes what it made on failure."""
-    from tiertp.engine.models import resolve_model
-
     model_dir = resolve_model(model)
     stores: dict[int, WeightStore] = {}
     try:
