@@ -13,21 +13,27 @@
 //!   group with room, and it runs behind SLO work in the batch policy;
 //! - SLO tier → the least-loaded prefill-capable group of the tier with room
 //!   in both parts (an idle group always has room: a long prompt is served
-//!   soonest there) as `Feasible`; if none has, `OverBudget`: the caller
+//!   soonest there) as `Feasible`; if none has, the least-loaded such group
+//!   of a tier that lends to it, one whose SLO is at least as strict and
+//!   whose weight is no higher (served there, the request meets its own
+//!   SLO, and the lender's budget still bounds the lender's queue, so bursts
+//!   of one tier use another's idle room instead of being shed); if none
+//!   has room either, `OverBudget`: the caller
 //!   sheds the request rather than let it delay work that can still meet
 //!   its SLO (no best-effort spill: a request in a batch holds its slot
 //!   until it finishes, whether or not it still counts).
 //!
 //! A request's prompt charge comes back at its first token (`prefill_done`);
 //! its decode slot when it finishes (`complete`). A prefilled request on a
-//! prefill group takes a decode slot with `dispatch_decode`, or none is free
+//! prefill group takes a decode slot with `dispatch_decode` (its tier's
+//! groups first, then a lending tier's on the same node), or none is free
 //! and it waits (the control loop queues it). Charges on groups a new plan
 //! removed are kept until their requests return them.
 
 use rustc_hash::FxHashMap;
 use thiserror::Error;
 
-use crate::plan::{GroupKey, Plan, Role};
+use crate::plan::{GroupKey, GroupPlan, Plan, Role};
 use crate::tiers::{TierId, TierSet};
 use crate::topology::Cluster;
 
@@ -172,6 +178,11 @@ pub struct Dispatcher {
     retired: FxHashMap<GroupKey, Load>,
     tier_prefill: Vec<Vec<usize>>,
     tier_decode: Vec<Vec<usize>>,
+    /// Per SLO tier, the prefill-capable and the decode groups of the tiers
+    /// that lend to it (`Tier::lends_to`): where its requests may go when
+    /// its own groups are full (served there, they meet their own SLO).
+    lender_prefill: Vec<Vec<usize>>,
+    lender_decode: Vec<Vec<usize>>,
     all_prefill: Vec<usize>,
     background: Vec<usize>,
     has_background_groups: bool,
@@ -219,11 +230,22 @@ impl Dispatcher {
         out
     }
 
+    /// Decode groups of the tiers lending to the request's on its node: its
+    /// decode slot when its own tier's are all taken.
+    fn lent_decode_targets(&self, c: &Charge) -> Vec<usize> {
+        let here = self.node(c.key.0);
+        self.lender_decode[c.tier]
+            .iter()
+            .copied()
+            .filter(|&i| self.node(self.slots[i].key.0) == here)
+            .collect()
+    }
+
     /// Whether the request's node has any decode group it could move to
     /// (full or not); without one it decodes where it is.
     pub fn decode_reachable(&self, request_id: u64, colocated_too: bool) -> Result<bool, DispatchError> {
         let c = self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
-        Ok(!self.decode_targets(c, colocated_too).is_empty())
+        Ok(!self.decode_targets(c, colocated_too).is_empty() || !self.lent_decode_targets(c).is_empty())
     }
 
     /// Switches to a new plan; loads of groups that persist carry over.
@@ -264,6 +286,17 @@ impl Dispatcher {
             }
         }
         self.has_background_groups = !self.background.is_empty();
+        let lenders = |t: usize, of_role: fn(Role) -> bool| -> Vec<usize> {
+            let borrower = &tiers.tiers()[t];
+            if borrower.background {
+                return Vec::new();
+            }
+            let lends = |g: &GroupPlan| g.tier != t && of_role(g.role) && tiers.tiers()[g.tier].lends_to(borrower);
+            // Slot indices follow the plan's group order.
+            (0..plan.groups.len()).filter(|&i| lends(&plan.groups[i])).collect()
+        };
+        self.lender_prefill = (0..tiers.len()).map(|t| lenders(t, Role::takes_prefill)).collect();
+        self.lender_decode = (0..tiers.len()).map(|t| lenders(t, |r| r == Role::Decode)).collect();
         self.retired = loads;
     }
 
@@ -320,7 +353,20 @@ impl Dispatcher {
             .filter(up)
             .filter(|&i| prefill_groups || slots[i].role != Role::Prefill)
             .filter(|i| room(i));
-        let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
+        // Its own groups full, a request may take room on a group whose
+        // tier's SLO is at least as strict: served there, it meets its own,
+        // and the budget it is charged against keeps the lender's feasible.
+        let own = least_full(slots, fitting);
+        let lent = || {
+            let fitting = self.lender_prefill[tier]
+                .iter()
+                .copied()
+                .filter(up)
+                .filter(|&i| prefill_groups || slots[i].role != Role::Prefill)
+                .filter(|i| room(i));
+            least_full(slots, fitting)
+        };
+        let best = own.or_else(lent).ok_or(DispatchError::OverBudget { tier })?;
         Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Feasible))
     }
 
@@ -352,11 +398,14 @@ impl Dispatcher {
         let slots = &self.slots;
         let has_slot = |i: &usize| slots[*i].holds_slots() && slots[*i].load.slots < slots[*i].slot_budget;
         let decode: Vec<usize> = self.decode_targets(c, false).into_iter().filter(has_slot).collect();
-        let candidates = if decode.is_empty() && colocated_too {
+        let mut candidates = if decode.is_empty() && colocated_too {
             self.decode_targets(c, true).into_iter().filter(has_slot).collect()
         } else {
             decode
         };
+        if candidates.is_empty() {
+            candidates = self.lent_decode_targets(c).into_iter().filter(has_slot).collect();
+        }
         let Some(target) = least_full(slots, candidates.into_iter()) else {
             return Ok(None);
         };

@@ -244,7 +244,9 @@ impl Allocator {
         for (&(size, free), nodes) in &self.kinds {
             // Of nodes alike, the first is the one a scan in node order keeps.
             let Some(&node) = nodes.first() else { continue };
-            let Some((enclosing, local)) = node_kind(size, free).best[level] else { continue };
+            let Some((enclosing, local)) = node_kind(size, free).best[level] else {
+                continue;
+            };
             let key = (enclosing, free.count_ones());
             if best.is_none_or(|(b, n, l)| (key, node, local) < (b, n, l)) {
                 best = Some((key, node, local));

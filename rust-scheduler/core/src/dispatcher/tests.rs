@@ -192,3 +192,59 @@ fn hand_offs_stay_on_the_requests_node() {
     assert_eq!(d.decode_reachable(1, false), Ok(true));
     assert_eq!(d.dispatch_decode(1, false).unwrap().unwrap().group_first_gpu, 1);
 }
+
+fn strict_and_loose() -> TierSet {
+    TierSet::new(
+        vec![Tier::slo_tier("chat", 200.0, 10.0, 1.0), Tier::slo_tier("agent", 500.0, 30.0, 1.0)],
+        "t",
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_full_tier_borrows_room_from_a_stricter_tier_never_a_looser_one() {
+    let p = plan(vec![group(0, Role::Colocated, 0, 100), group(1, Role::Colocated, 1, 100)]);
+    let mut d = Dispatcher::new(&strict_and_loose(), &p);
+    assert_eq!(d.dispatch(1, 1, 80, true).unwrap().group_first_gpu, 1);
+    // The agent's group is full: chat's group serves the agent within the
+    // agent's SLO (chat's is stricter), charged against chat's budget.
+    let lent = d.dispatch(2, 1, 50, true).unwrap();
+    assert_eq!((lent.group_first_gpu, lent.class), (0, DispatchClass::Feasible));
+    assert_eq!(d.tier_of(2), Some(1));
+    // Chat's group is now at 50 of 100: a 60-token chat prompt does not fit,
+    // and never goes to the agent's group, whose TPOT is looser than chat's.
+    assert_eq!(d.dispatch(3, 0, 60, true), Err(DispatchError::OverBudget { tier: 0 }));
+    assert_eq!(d.complete(2), Ok(50));
+    assert_eq!(d.dispatch(4, 0, 60, true).unwrap().group_first_gpu, 0);
+}
+
+#[test]
+fn a_tier_worth_more_does_not_lend_its_room() {
+    let tiers = TierSet::new(
+        vec![Tier::slo_tier("chat", 200.0, 10.0, 2.0), Tier::slo_tier("agent", 500.0, 30.0, 1.0)],
+        "t",
+    )
+    .unwrap();
+    let p = plan(vec![group(0, Role::Colocated, 0, 100), group(1, Role::Colocated, 1, 100)]);
+    let mut d = Dispatcher::new(&tiers, &p);
+    assert_eq!(d.dispatch(1, 1, 80, true).unwrap().group_first_gpu, 1);
+    assert_eq!(d.dispatch(2, 1, 50, true), Err(DispatchError::OverBudget { tier: 1 }));
+}
+
+#[test]
+fn a_prefilled_request_takes_a_stricter_tiers_decode_slot_when_its_own_are_taken() {
+    let p = plan(vec![
+        group(1, Role::Prefill, 0, 1000),
+        test_support::group(1, Role::Decode, 1, 0, 1),
+        test_support::group(0, Role::Decode, 2, 0, 1),
+    ]);
+    let mut d = Dispatcher::new(&strict_and_loose(), &p);
+    for id in [1, 2, 3] {
+        d.dispatch(id, 1, 10, true).unwrap();
+        assert!(d.prefill_done(id).unwrap());
+    }
+    assert_eq!(d.dispatch_decode(1, false).unwrap().unwrap().group_first_gpu, 1);
+    assert_eq!(d.dispatch_decode(2, false).unwrap().unwrap().group_first_gpu, 2);
+    assert_eq!(d.dispatch_decode(3, false).unwrap(), None);
+    assert!(d.decode_reachable(3, false).unwrap());
+}

@@ -237,7 +237,11 @@ impl<'a> State<'a> {
             .iter()
             .map(|&m| {
                 let gain = self.gain(tier, m);
-                let served = if gain > 0.0 { self.served(tier, cap + gain) - served_now } else { 0.0 };
+                let served = if gain > 0.0 {
+                    self.served(tier, cap + gain) - served_now
+                } else {
+                    0.0
+                };
                 (gain, served)
             })
             .collect();
