@@ -22,5 +22,29 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]))')
     "$VENV/bin/python" -m pip install --quiet "${dev[@]}"
     echo "$want" > "$stamp"
+    rm -f "$VENV/.tiertp-installed"
 fi
-VIRTUAL_ENV="$PWD/$VENV" PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/maturin" develop --release --quiet
+# Once the package is installed (editable), only the extension needs
+# rebuilding: `--skip-install` keeps pip out of it, so a warm `make run`
+# prints nothing from pip.
+skip=()
+if [ -f "$VENV/.tiertp-installed" ] && [ -x "$VENV/bin/tiertp" ]; then
+    skip=(--skip-install)
+fi
+develop() {
+    VIRTUAL_ENV="$PWD/$VENV" PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/maturin" develop --release --quiet "${skip[@]}"
+}
+if [ ${#skip[@]} -eq 0 ]; then
+    develop
+else
+    # Warm: the build's progress lines are shown only when it fails.
+    log=$(mktemp)
+    if ! develop >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        echo "setup: building the Rust extension failed (output above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
+fi
+touch "$VENV/.tiertp-installed"
