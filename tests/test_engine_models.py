@@ -91,3 +91,20 @@ def test_sgl_kernel_stand_in_raises_when_called():
     for name in stub.STUB_NAMES:
         with pytest.raises(stub.SglKernelStubError, match=name):
             getattr(stub, name)()
+
+
+def test_generation_config_carries_sampling_and_token_ids(tmp_path):
+    models._write_generation_config(tmp_path, {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None},
+                                    models.SMOLLM2_SAMPLING)
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    assert gen == {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.2, "top_p": 0.9}
+
+
+def test_smollm2_recommends_its_model_cards_sampling():
+    # Built (and cached) anyway by the tiny-llama test above, whose tokenizer it is.
+    path = resolve_model("smollm2-135m")
+    gen = json.loads((path / "generation_config.json").read_text())
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"]) == (True, 0.2, 0.9)
+    cfg = json.loads((path / "config.json").read_text())
+    assert (gen["bos_token_id"], gen["eos_token_id"]) == (cfg["bos_token_id"], cfg["eos_token_id"])
+    assert not (resolve_model("tiny-llama") / "generation_config.json").exists()

@@ -63,3 +63,16 @@ def test_bad_tier_limits(tmp_path: Path, line: str, field: str):
 ])
 def test_bad_tp_levels(args, needle):
     refused(serve(*args), needle)
+
+
+def test_unknown_sampling_defaults_lists_the_choices():
+    refused(serve("--sampling-defaults", "vllm"), "--sampling-defaults", "'model'", "'openai'")
+
+
+def test_help_says_what_each_sampling_default_does():
+    r = subprocess.run([sys.executable, "-m", "tiertp.cli", "serve", "--help"], capture_output=True, text=True,
+                       timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "--sampling-defaults {model,openai}" in text
+    assert "generation_config.json" in text and "temperature 1.0, top_p 1.0" in text

@@ -16,6 +16,9 @@ DEFAULT_WINDOW_S: float
 DEFAULT_GPUS_PER_NODE: int
 DEFAULT_GATEWAY_HOST: str
 DEFAULT_GATEWAY_PORT: int
+# Where `GatewayServer(sampling_defaults=...)` takes temperature and top_p
+# for requests that omit them: "model" (the default) or "openai".
+SAMPLING_DEFAULTS: list[str]
 
 class ProfileError(ValueError):
     """A profile file or query is invalid."""
@@ -181,6 +184,10 @@ class GatewayServer:
     default, DEFAULT_WINDOW_S; allowed 0.25-5 s). Other options left None
     take the gateway's defaults (DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT,
     its worker and connect timeouts). Tier limits come from the tiers file.
+    `sampling_defaults`: temperature and top_p for requests that omit them,
+    one of SAMPLING_DEFAULTS: "model" (None: `model_dir`'s
+    generation_config.json, as SGLang and vLLM do; OpenAI's values where it
+    has none) or "openai" (1.0, 1.0); another value: ValueError.
     """
 
     def __init__(
@@ -197,6 +204,7 @@ class GatewayServer:
         profile_path: str | None = None,
         tp_levels: list[int] | None = None,
         window_s: float | None = None,
+        sampling_defaults: str | None = None,
     ) -> None: ...
     @property
     def address(self) -> str: ...

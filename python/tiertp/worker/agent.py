@@ -466,8 +466,12 @@ class Agent:
                             "state": proc.state if proc is not None else DEAD})
         processes = [{"tp_group": g.as_list(), "state": p.state, "active": g in self._active_groups(),
                       "switchable": g in self.instances} for g, p in sorted(self.procs.items())]
-        return {"type": P.STATS, "devices": devices, "plan_id": self.plan_id, "moves": dict(self.moves),
-                "processes": processes}
+        stats = {"type": P.STATS, "devices": devices, "plan_id": self.plan_id, "moves": dict(self.moves),
+                 "processes": processes}
+        if self.limits is not None:
+            # The gateway refuses a request over the context itself, in the client's terms.
+            stats["max_model_len"] = self.limits.max_request_tokens
+        return stats
 
     def _on_client(self, frames: list[bytes]) -> None:
         client = frames[0]

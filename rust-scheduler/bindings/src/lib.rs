@@ -47,6 +47,7 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let bind = tiertp_gateway::config::DEFAULT_BIND;
     m.add("DEFAULT_GATEWAY_HOST", bind.ip().to_string())?;
     m.add("DEFAULT_GATEWAY_PORT", bind.port())?;
+    m.add("SAMPLING_DEFAULTS", tiertp_gateway::sampling::SamplingSource::NAMES.to_vec())?;
     m.add("FAIR_MIN_REQUEST_SHARE", tiertp_scheduler::planner::FAIR_MIN_SHARE)?;
     m.add("FAIR_MIN_GOODPUT_FRACTION", tiertp_scheduler::planner::FAIR_MIN_GOODPUT_FRACTION)?;
     m.add("ROLES", tiertp_scheduler::plan::Role::ALL.map(|r| r.name()).to_vec())?;

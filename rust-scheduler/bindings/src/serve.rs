@@ -11,6 +11,7 @@ use std::time::Duration;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tiertp_gateway::config::{GatewayConfig, GatewayError, TokenizerSource, WorkerSpec};
+use tiertp_gateway::sampling::{SamplingDefaults, SamplingSource};
 use tiertp_gateway::server::{run_gateway, GatewayHandle};
 use tiertp_scheduler::tiers::TierSet;
 
@@ -31,9 +32,12 @@ fn gateway_err(e: GatewayError) -> PyErr {
 /// planner's profile JSON (None: the synthetic one), `tp_levels` the TP
 /// levels the planner may use (None: the planner's default; give the
 /// levels the workers run), `window_s` the control window (None: the
-/// gateway's default). Errors: TierConfigError (tiers file), ValueError
-/// (config, profile, tokenizer), OSError (bind), RuntimeError (workers
-/// unreachable).
+/// gateway's default). `sampling_defaults` is where `temperature` and
+/// `top_p` come from when a request omits them: "model" (None: the model
+/// dir's `generation_config.json`, as SGLang and vLLM do; OpenAI's values
+/// without one) or "openai" (1.0 and 1.0). Errors: TierConfigError (tiers
+/// file), ValueError (config, profile, tokenizer, sampling defaults),
+/// OSError (bind), RuntimeError (workers unreachable).
 #[pyclass(module = "tiertp._scheduler")]
 pub struct GatewayServer {
     address: String,
@@ -43,7 +47,7 @@ pub struct GatewayServer {
 #[pymethods]
 impl GatewayServer {
     #[new]
-    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = None, port = None, threads = 2, worker_timeout_s = None, connect_timeout_s = None, profile_path = None, tp_levels = None, window_s = None))]
+    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = None, port = None, threads = 2, worker_timeout_s = None, connect_timeout_s = None, profile_path = None, tp_levels = None, window_s = None, sampling_defaults = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -59,7 +63,14 @@ impl GatewayServer {
         profile_path: Option<String>,
         tp_levels: Option<Vec<u32>>,
         window_s: Option<f64>,
+        sampling_defaults: Option<String>,
     ) -> PyResult<Self> {
+        let source = match sampling_defaults {
+            Some(name) => SamplingSource::parse(&name).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => SamplingSource::default(),
+        };
+        let model_dir = PathBuf::from(model_dir);
+        let sampling = SamplingDefaults::load(source, &model_dir).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let tiers = TierSet::load(&tiers_path).map_err(tier_err)?;
         for (name, v) in [
             ("worker_timeout_s", worker_timeout_s),
@@ -71,7 +82,8 @@ impl GatewayServer {
             }
         }
         let specs = workers.into_iter().map(|(endpoint, gpus)| WorkerSpec { endpoint, gpus }).collect();
-        let mut config = GatewayConfig::new(&model, TokenizerSource::Dir(PathBuf::from(model_dir)), tiers, specs);
+        let mut config = GatewayConfig::new(&model, TokenizerSource::Dir(model_dir), tiers, specs);
+        config.sampling = sampling;
         if let Some(host) = host {
             let ip: IpAddr = host
                 .parse()

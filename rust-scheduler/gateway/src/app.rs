@@ -7,6 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
 use serde_json::{json, Value};
 
@@ -17,6 +19,7 @@ use crate::error::ApiError;
 use crate::generate::{Running, Start};
 use crate::openai::{self, Endpoint, Prompt};
 use crate::protocol::Sampling;
+use crate::sampling::SamplingDefaults;
 use crate::stream::Reply;
 use crate::tokenize::TextCodec;
 
@@ -28,10 +31,25 @@ pub struct App {
     max_attempts: u32,
     worker_timeout: Duration,
     default_max_tokens: u32,
+    max_body_bytes: usize,
+    sampling: SamplingDefaults,
 }
 
 fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A request body as the handlers get it: one the extractor could not read
+/// comes as its rejection, so that it is answered in the API's error shape,
+/// as every other error.
+pub type RequestBody = Result<Bytes, BytesRejection>;
+
+/// The request field that holds the prompt.
+fn prompt_param(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completions => "prompt",
+    }
 }
 
 impl App {
@@ -44,20 +62,28 @@ impl App {
             max_attempts: config.max_attempts,
             worker_timeout: config.worker_timeout,
             default_max_tokens: config.default_max_tokens,
+            max_body_bytes: config.max_body_bytes,
+            sampling: config.sampling,
         }
+    }
+
+    /// The largest request body the router reads.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
     }
 
     /// A generation request, admitted and placed: the running request and
     /// how to answer it.
-    pub fn start(&self, headers: &HeaderMap, body: &[u8], endpoint: Endpoint) -> Result<(Running, Reply), ApiError> {
+    pub fn start(&self, headers: &HeaderMap, body: RequestBody, endpoint: Endpoint) -> Result<(Running, Reply), ApiError> {
         let arrival = Instant::now();
         let tier = self.admission.tier_of(headers)?;
-        let req = openai::parse(body, endpoint)?;
+        let body = body.map_err(|e| ApiError::unread_body(&e, self.max_body_bytes))?;
+        let req = openai::parse(&body, endpoint, &self.sampling)?;
         if req.model != self.model {
             return Err(ApiError::ModelNotFound(req.model));
         }
         let input_ids = self.tokenize(&req.prompt, endpoint)?;
-        let max_tokens = req.max_tokens.unwrap_or(self.default_max_tokens);
+        let max_tokens = self.max_tokens(req.max_tokens, input_ids.len(), endpoint)?;
         self.control.metrics.tiers[tier].arrivals.fetch_add(1, Ordering::Relaxed);
         let permit = self.admission.admit(tier)?;
         let sampling = Sampling {
@@ -94,13 +120,36 @@ impl App {
         Ok((run, reply))
     }
 
+    /// The request's `max_tokens`, checked as vLLM does against the model's
+    /// context length when the agents report it: the prompt and the
+    /// completion must fit (else 400 here, not a worker's rejection later).
+    /// Without `max_tokens`, the default, cut to what fits.
+    fn max_tokens(&self, asked: Option<u32>, prompt: usize, endpoint: Endpoint) -> Result<u32, ApiError> {
+        let Some(max_model_len) = self.control.max_model_len() else {
+            return Ok(asked.unwrap_or(self.default_max_tokens));
+        };
+        let prompt = u32::try_from(prompt).unwrap_or(u32::MAX);
+        let too_long = |completion: Option<u32>, param: &'static str| ApiError::ContextLength {
+            max_model_len,
+            prompt,
+            completion,
+            param,
+        };
+        match asked {
+            Some(n) if u64::from(prompt) + u64::from(n) > u64::from(max_model_len) => Err(too_long(Some(n), "max_tokens")),
+            Some(n) => Ok(n),
+            None if prompt >= max_model_len => Err(too_long(None, prompt_param(endpoint))),
+            None => Ok(self.default_max_tokens.min(max_model_len - prompt)),
+        }
+    }
+
     fn tokenize(&self, prompt: &Prompt, endpoint: Endpoint) -> Result<Vec<u32>, ApiError> {
         let ids = match prompt {
             Prompt::Text(t) => self.codec.encode(t, true),
             Prompt::Ids(ids) => Ok(ids.clone()),
             Prompt::Chat(msgs) => self.codec.apply_chat_template(msgs).and_then(|p| self.codec.encode(&p, false)),
         }
-        .map_err(|e| ApiError::bad_param(if endpoint == Endpoint::Chat { "messages" } else { "prompt" }, e.to_string()))?;
+        .map_err(|e| ApiError::bad_param(prompt_param(endpoint), e.to_string()))?;
         if ids.is_empty() {
             return Err(ApiError::bad_param("prompt", "the prompt is empty after tokenization"));
         }

@@ -12,6 +12,7 @@ use tiertp_scheduler::defaults;
 use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::tiers::TierSet;
 
+use crate::sampling::SamplingDefaults;
 use crate::tokenize::TokenizerError;
 use crate::worker::WorkerError;
 
@@ -58,6 +59,9 @@ pub struct GatewayConfig {
     /// The model name clients must ask for (`/v1/models` lists it).
     pub model: String,
     pub tokenizer: TokenizerSource,
+    /// `temperature` and `top_p` for requests that omit them (default:
+    /// OpenAI's; `tiertp serve` loads the model's, `sampling.rs`).
+    pub sampling: SamplingDefaults,
     /// Tiers, with their API keys and admission limits.
     pub tiers: TierSet,
     /// Profile JSON for the planner; `None` uses the core's synthetic one.
@@ -76,8 +80,11 @@ pub struct GatewayConfig {
     pub connect_timeout: Duration,
     /// Workers tried per request when workers die under it.
     pub max_attempts: u32,
-    /// `max_tokens` when the request gives none.
+    /// `max_tokens` when the request gives none (cut to what fits in the
+    /// model's context, when the agents report it).
     pub default_max_tokens: u32,
+    /// The largest request body accepted; a larger one gets 413.
+    pub max_body_bytes: usize,
 }
 
 impl GatewayConfig {
@@ -86,6 +93,7 @@ impl GatewayConfig {
             bind: DEFAULT_BIND,
             model: model.to_string(),
             tokenizer,
+            sampling: SamplingDefaults::OPENAI,
             tiers,
             profile: None,
             workers,
@@ -96,6 +104,8 @@ impl GatewayConfig {
             connect_timeout: Duration::from_secs(10),
             max_attempts: 3,
             default_max_tokens: 16,
+            // axum's own default, written here so the 413 can name it.
+            max_body_bytes: 2 * 1024 * 1024,
         }
     }
 
@@ -115,11 +125,12 @@ impl GatewayConfig {
                 WINDOW_RANGE.1.as_secs_f64()
             ));
         }
+        self.sampling.check().map_err(GatewayError::Config)?;
         if self.stats_timeout.is_zero() {
             return bad("stats_timeout must be > 0".into());
         }
-        if self.max_attempts == 0 || self.default_max_tokens == 0 {
-            return bad("max_attempts and default_max_tokens must be >= 1".into());
+        if self.max_attempts == 0 || self.default_max_tokens == 0 || self.max_body_bytes == 0 {
+            return bad("max_attempts, default_max_tokens and max_body_bytes must be >= 1".into());
         }
         Ok(())
     }

@@ -1,10 +1,12 @@
 //! Every HTTP error body comes from here, in OpenAI's shape:
 //! `{"error": {"message", "type", "param", "code"}}`.
 
+use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use thiserror::Error;
 
+use crate::protocol::codes;
 use crate::worker::WorkerError;
 
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -18,6 +20,19 @@ pub enum ApiError {
     Forbidden { message: String, param: Option<String> },
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
+    /// The body is over the gateway's size limit (`max_body_bytes`).
+    #[error("The request body is larger than this server's limit of {limit_bytes} bytes")]
+    BodyTooLarge { limit_bytes: usize },
+    /// The prompt and the completion do not fit in the model's context, in
+    /// vLLM's words (clients match on them); `completion` is `None` when the
+    /// request gave no `max_tokens` and the prompt alone fills the context.
+    #[error("{}", context_message(*max_model_len, *prompt, *completion))]
+    ContextLength {
+        max_model_len: u32,
+        prompt: u32,
+        completion: Option<u32>,
+        param: &'static str,
+    },
     #[error("tier {tier:?} is over its limit: {reason}")]
     RateLimited { tier: String, reason: String, retry_after_s: u64 },
     #[error("no worker capacity: {0}")]
@@ -48,6 +63,8 @@ impl ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::NoCapacity(_) | ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -63,6 +80,8 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::Forbidden { .. } => ("invalid_request_error", Some("tier_not_allowed")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            ApiError::BodyTooLarge { .. } => ("invalid_request_error", Some("request_too_large")),
+            ApiError::ContextLength { .. } => ("invalid_request_error", Some("context_length_exceeded")),
             ApiError::RateLimited { .. } => ("requests", Some("rate_limit_exceeded")),
             ApiError::NoCapacity(_) => ("server_error", Some("no_capacity")),
             ApiError::Overloaded { .. } => ("server_error", Some("overloaded")),
@@ -76,7 +95,21 @@ impl ApiError {
         match self {
             ApiError::BadRequest { param, .. } | ApiError::Forbidden { param, .. } => param.as_deref(),
             ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::ContextLength { param, .. } => Some(param),
             _ => None,
+        }
+    }
+
+    /// A body the `Bytes` extractor could not read: over `limit_bytes`
+    /// (axum's own answer would be a plain-text 413), or cut off.
+    pub fn unread_body(rejection: &BytesRejection, limit_bytes: usize) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge { limit_bytes }
+        } else {
+            ApiError::BadRequest {
+                message: format!("We could not read the body of your request: {}", rejection.body_text()),
+                param: None,
+            }
         }
     }
 
@@ -92,20 +125,38 @@ impl ApiError {
     }
 }
 
+fn context_message(max_model_len: u32, prompt: u32, completion: Option<u32>) -> String {
+    match completion {
+        Some(k) => format!(
+            "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens \
+             ({prompt} in the messages, {k} in the completion). Please reduce the length of the messages or completion.",
+            u64::from(prompt) + u64::from(k)
+        ),
+        None => format!(
+            "This model's maximum context length is {max_model_len} tokens. However, you requested {prompt} tokens \
+             in the messages. Please reduce the length of the messages."
+        ),
+    }
+}
+
+/// What the client is told of a worker's failure: the worker's endpoint is
+/// internal, so it stays out (the caller logs the full error).
 impl From<WorkerError> for ApiError {
     fn from(e: WorkerError) -> Self {
         match e {
-            WorkerError::Timeout { .. } => ApiError::Timeout(e.to_string()),
-            WorkerError::Rejected { ref code, .. } if code == crate::protocol::codes::BAD_REQUEST => ApiError::BadRequest {
-                message: e.to_string(),
-                param: None,
-            },
-            WorkerError::Rejected { ref code, .. } if code == crate::protocol::codes::OVERLOADED => ApiError::NoCapacity(e.to_string()),
-            WorkerError::Rejected { ref code, .. } if code == crate::protocol::codes::SLO_UNATTAINABLE => ApiError::Overloaded {
-                message: e.to_string(),
-                retry_after_s: 1,
-            },
-            _ => ApiError::Worker(e.to_string()),
+            WorkerError::Timeout { seconds, .. } => ApiError::Timeout(format!("the worker did not answer within {seconds} s")),
+            WorkerError::Rejected { code, message, .. } => {
+                let message = format!("the worker rejected the request ({code}): {message}");
+                match code.as_str() {
+                    codes::BAD_REQUEST => ApiError::BadRequest { message, param: None },
+                    codes::OVERLOADED => ApiError::NoCapacity(message),
+                    codes::SLO_UNATTAINABLE => ApiError::Overloaded { message, retry_after_s: 1 },
+                    _ => ApiError::Worker(message),
+                }
+            }
+            WorkerError::Died { reason, .. } => ApiError::Worker(format!("the worker serving the request is gone: {reason}")),
+            // The reason may name the endpoint.
+            WorkerError::Connect { .. } => ApiError::Worker("the worker serving the request cannot be reached".into()),
         }
     }
 }
@@ -140,5 +191,68 @@ mod tests {
         .into_response();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn context_length_in_vllms_words() {
+        let e = ApiError::ContextLength {
+            max_model_len: 32,
+            prompt: 5,
+            completion: Some(40),
+            param: "max_tokens",
+        };
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+        let b = e.body();
+        assert_eq!(
+            b["error"]["message"],
+            "This model's maximum context length is 32 tokens. However, you requested 45 tokens (5 in the messages, \
+             40 in the completion). Please reduce the length of the messages or completion."
+        );
+        assert_eq!(
+            (b["error"]["param"].as_str(), b["error"]["code"].as_str()),
+            (Some("max_tokens"), Some("context_length_exceeded"))
+        );
+        let body = ApiError::BodyTooLarge { limit_bytes: 1024 }.body();
+        assert!(body["error"]["message"].as_str().unwrap().contains("1024 bytes"), "{body}");
+    }
+
+    #[test]
+    fn worker_errors_do_not_name_the_worker() {
+        let worker = "tcp://10.0.0.7:7100".to_string();
+        for e in [
+            WorkerError::Rejected {
+                worker: worker.clone(),
+                code: codes::BAD_REQUEST.into(),
+                message: "token id 99 is out of the vocabulary".into(),
+            },
+            WorkerError::Rejected {
+                worker: worker.clone(),
+                code: codes::SLO_UNATTAINABLE.into(),
+                message: "not started in time".into(),
+            },
+            WorkerError::Died {
+                worker: worker.clone(),
+                reason: "stream closed".into(),
+            },
+            WorkerError::Connect {
+                worker: worker.clone(),
+                reason: format!("connect to {worker} refused"),
+            },
+            WorkerError::Timeout {
+                worker: worker.clone(),
+                seconds: 2.0,
+            },
+        ] {
+            let api = ApiError::from(e.clone());
+            let text = api.body().to_string();
+            assert!(!text.contains("10.0.0.7"), "{e:?} -> {text}");
+        }
+        let api = ApiError::from(WorkerError::Rejected {
+            worker,
+            code: codes::BAD_REQUEST.into(),
+            message: "token id 99 is out of the vocabulary".into(),
+        });
+        assert_eq!(api.status(), StatusCode::BAD_REQUEST);
+        assert!(api.to_string().contains("token id 99"), "{api}");
     }
 }

@@ -153,11 +153,13 @@ impl Running {
                     reason: "stream closed".into(),
                 }),
                 Err(_) => {
-                    return Err(ApiError::Timeout(format!(
-                        "worker {} sent nothing for {} s",
-                        self.worker.name(),
-                        self.timeout.as_secs_f64()
-                    )))
+                    let seconds = self.timeout.as_secs_f64();
+                    log::warn!(
+                        "request {}: worker {} sent nothing for {seconds} s",
+                        self.request.id,
+                        self.worker.name()
+                    );
+                    return Err(ApiError::Timeout(format!("the worker sent nothing for {seconds} s")));
                 }
             };
             match event {
@@ -180,7 +182,7 @@ impl Running {
                 }
                 TokenEvent::Failed(e) => {
                     report(&self.control, self.group, &e);
-                    return Err(e.into());
+                    return Err(client_error(self.request.id, e));
                 }
                 TokenEvent::Tokens {
                     tokens,
@@ -308,6 +310,13 @@ async fn shed_notice(rx: &mut Option<oneshot::Receiver<ApiError>>) -> ApiError {
     std::future::pending().await
 }
 
+/// A worker's failure as its client sees it; the full error, which names
+/// the worker's internal endpoint, goes to the log only.
+fn client_error(id: u64, e: WorkerError) -> ApiError {
+    log::warn!("request {id}: {e}");
+    e.into()
+}
+
 /// Tells the control loop about a failure that says a GPU or worker is down.
 fn report(control: &Control, group: GroupKey, e: &WorkerError) {
     match e {
@@ -341,7 +350,7 @@ fn submit(
                 report(control, p.key, &e);
                 control.complete(request.id);
                 if !e.retriable() || tried.len() as u32 >= max_attempts {
-                    return Err(e.into());
+                    return Err(client_error(request.id, e));
                 }
             }
         }

@@ -13,6 +13,7 @@ pub mod generate;
 pub mod metrics;
 pub mod openai;
 pub mod protocol;
+pub mod sampling;
 pub mod server;
 pub mod stream;
 pub mod tokenize;

@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::sampling::SamplingDefaults;
 use crate::tokenize::ChatMessage;
 
 /// OpenAI allows at most this many stop strings.
@@ -72,6 +73,32 @@ fn positive_int(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiE
     }
 }
 
+/// Log probabilities are not computed by the workers: a request asking for
+/// them is refused rather than answered without them. Asking is
+/// `logprobs` > 0 or true (completions: a count), `logprobs: true` or
+/// `top_logprobs` > 0 (chat); false, 0 and null ask for nothing.
+fn no_logprobs(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError> {
+    let fields: &[&str] = match endpoint {
+        Endpoint::Completions => &["logprobs"],
+        Endpoint::Chat => &["logprobs", "top_logprobs"],
+    };
+    for &key in fields {
+        let asked = match opt(obj, key) {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64() != Some(0),
+            Some(v) => return Err(bad(key, format!("`{key}` must be a boolean or a non-negative integer, got {v}"))),
+        };
+        if asked {
+            return Err(bad(
+                key,
+                format!("`{key}`: logprobs are not supported by this server (its workers do not compute token log probabilities)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn string_content(v: &Value, param: &str) -> Result<String, ApiError> {
     match v {
         Value::String(s) => Ok(s.clone()),
@@ -89,8 +116,9 @@ fn string_content(v: &Value, param: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Parses and checks a request body.
-pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiError> {
+/// Parses and checks a request body; `temperature` and `top_p` it omits
+/// take `defaults`.
+pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &SamplingDefaults) -> Result<GenRequest, ApiError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::BadRequest {
         message: format!("We could not parse the JSON body of your request: {e}"),
         param: None,
@@ -183,6 +211,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiError> {
                 .ok_or_else(|| bad("seed", format!("`seed` must be an integer, got {v}")))?,
         ),
     };
+    no_logprobs(&obj, endpoint)?;
     let stream = boolean(&obj, "stream")?;
     let include_usage = match opt(&obj, "stream_options") {
         None => false,
@@ -198,8 +227,8 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiError> {
         model,
         prompt,
         max_tokens,
-        temperature: number(&obj, "temperature", 0.0, 2.0, 1.0)?,
-        top_p: number(&obj, "top_p", 0.0, 1.0, 1.0)?,
+        temperature: number(&obj, "temperature", 0.0, 2.0, defaults.temperature)?,
+        top_p: number(&obj, "top_p", 0.0, 1.0, defaults.top_p)?,
         seed,
         stop,
         stream,
@@ -342,6 +371,11 @@ fn choice<'a>(
 mod tests {
     use super::*;
 
+    /// `super::parse` with OpenAI's sampling defaults.
+    fn parse(body: &[u8], endpoint: Endpoint) -> Result<GenRequest, ApiError> {
+        super::parse(body, endpoint, &SamplingDefaults::OPENAI)
+    }
+
     fn param_of(body: &str, e: Endpoint) -> Option<String> {
         match parse(body.as_bytes(), e) {
             Err(ApiError::BadRequest { param, .. }) => param,
@@ -367,6 +401,46 @@ mod tests {
             Some("messages[0].role")
         );
         assert_eq!(param_of("{not json", c), None);
+    }
+
+    #[test]
+    fn logprobs_are_refused_when_asked_for() {
+        let (c, chat) = (Endpoint::Completions, Endpoint::Chat);
+        for (body, e, param) in [
+            (r#"{"model":"m","prompt":"x","logprobs":1}"#, c, "logprobs"),
+            (r#"{"model":"m","prompt":"x","logprobs":true}"#, c, "logprobs"),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":true}"#,
+                chat,
+                "logprobs",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":2}"#,
+                chat,
+                "top_logprobs",
+            ),
+        ] {
+            match parse(body.as_bytes(), e) {
+                Err(ApiError::BadRequest { message, param: p }) => {
+                    assert_eq!(p.as_deref(), Some(param), "{body}");
+                    assert!(message.contains("not supported"), "{message}");
+                }
+                other => panic!("{body}: expected a 400, got {other:?}"),
+            }
+        }
+        // Not asking is fine, however it is said.
+        for v in ["false", "0", "null"] {
+            parse(format!(r#"{{"model":"m","prompt":"x","logprobs":{v}}}"#).as_bytes(), c).unwrap();
+            parse(
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"a"}}],"logprobs":{v},"top_logprobs":{v}}}"#).as_bytes(),
+                chat,
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            param_of(r#"{"model":"m","prompt":"x","logprobs":"yes"}"#, c).as_deref(),
+            Some("logprobs")
+        );
     }
 
     #[test]

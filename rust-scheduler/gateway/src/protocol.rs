@@ -121,6 +121,11 @@ pub struct StatsReply {
     pub devices: Vec<DeviceStats>,
     #[serde(default)]
     pub plan_id: Option<u64>,
+    /// The model's context length: the most tokens (prompt + completion)
+    /// one request may hold. The gateway refuses longer requests itself, as
+    /// vLLM does; an agent that does not say leaves them to its own check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u32>,
 }
 
 /// Why an agent did not make a hand-off it was told to make; the request
@@ -272,6 +277,12 @@ mod tests {
             panic!()
         };
         assert_eq!((s.devices[0].tp_group, s.devices[0].kv_capacity_tokens), (Some((0, 1)), None));
+        assert_eq!(s.max_model_len, None);
+        let with_len = serde_json::json!({"type": "stats", "plan_id": null, "devices": [], "max_model_len": 4096});
+        let AgentMsg::Stats(reported) = decode::<AgentMsg>(&encode(&with_len)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(reported.max_model_len, Some(4096));
         // No `state`: ready; a dead or starting process is not.
         assert!(s.devices[0].is_ready());
         for (state, ready) in [("ready", true), ("starting", false), ("dead", false)] {

@@ -4,8 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -15,7 +14,7 @@ use tiertp_scheduler::topology::Cluster;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::app::App;
+use crate::app::{App, RequestBody};
 use crate::config::{GatewayConfig, GatewayError, TokenizerSource};
 use crate::control::{Control, ControlConfig};
 use crate::metrics::Metrics;
@@ -26,6 +25,7 @@ use crate::worker::zmq::ZmqWorker;
 use crate::worker::WorkerClient;
 
 pub fn router(app: Arc<App>) -> Router {
+    let body_limit = DefaultBodyLimit::max(app.max_body_bytes());
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -33,18 +33,19 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/plan", get(plan))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .layer(body_limit)
         .with_state(app)
 }
 
-async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    generate(&app, &headers, &body, Endpoint::Completions).await
+async fn completions(State(app): State<Arc<App>>, headers: HeaderMap, body: RequestBody) -> Response {
+    generate(&app, &headers, body, Endpoint::Completions).await
 }
 
-async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    generate(&app, &headers, &body, Endpoint::Chat).await
+async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: RequestBody) -> Response {
+    generate(&app, &headers, body, Endpoint::Chat).await
 }
 
-async fn generate(app: &App, headers: &HeaderMap, body: &[u8], endpoint: Endpoint) -> Response {
+async fn generate(app: &App, headers: &HeaderMap, body: RequestBody, endpoint: Endpoint) -> Response {
     let answer = match app.start(headers, body, endpoint) {
         Ok((run, reply)) => stream::respond(run, reply).await,
         Err(e) => Err(e),

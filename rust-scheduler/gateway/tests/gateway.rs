@@ -232,6 +232,7 @@ async fn silent_worker_gives_504() {
     let r = post(gw.addr, "/v1/completions", json!({"model": "tiny", "prompt": "hello"})).await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.body);
     assert_eq!(r.json()["error"]["code"], "timeout");
+    assert!(!r.body.contains("tcp://"), "{}", r.body);
     // The timed-out request was cancelled on its worker.
     wait_for_cancel(&w[0]).await;
 }

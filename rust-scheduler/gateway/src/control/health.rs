@@ -7,6 +7,7 @@
 //! and GPUs that come back are planned again.
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -127,6 +128,11 @@ impl Control {
         }
     }
 
+    /// The model's context length, once an agent has reported it.
+    pub fn max_model_len(&self) -> Option<u32> {
+        Some(self.max_model_len.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
     /// Asks every connected worker for its `stats` (concurrently, each
     /// bounded by the stats timeout); `None` for a worker that is
     /// disconnected or did not answer.
@@ -175,6 +181,11 @@ impl Control {
             if let Some(r) = reply {
                 s.workers[w].applied = r.plan_id;
             }
+        }
+        // The smallest reported: a request must fit wherever it is placed.
+        // Kept while no agent answers, so the check does not lapse then.
+        if let Some(len) = replies.iter().flatten().filter_map(|r| r.max_model_len).min() {
+            self.max_model_len.store(len, Ordering::Relaxed);
         }
         if let Some(up) = s.health.settle(now) {
             s.control.set_up(&up);

@@ -19,7 +19,7 @@ mod placement;
 mod plans;
 mod status;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,8 @@ pub struct Control {
     next_id: AtomicU64,
     /// Asks the loop for a step now (a GPU or worker failed).
     wake: Notify,
+    /// The model's context length as the agents report it (0: unknown).
+    max_model_len: AtomicU32,
     pub metrics: Arc<Metrics>,
 }
 
@@ -110,6 +112,7 @@ impl Control {
             stats_timeout: config.stats_timeout,
             next_id: AtomicU64::new(1),
             wake: Notify::new(),
+            max_model_len: AtomicU32::new(0),
             metrics,
         })
     }

@@ -23,7 +23,8 @@ use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::protocol::{
-    self, codes, device_states, AgentMsg, ClientMsg, DevicePlan, DeviceStats, HandOffFailure, HandedOff, PlanApplied, StatsReply, TokenItem,
+    self, codes, device_states, AgentMsg, ClientMsg, DevicePlan, DeviceStats, HandOffFailure, HandedOff, PlanApplied, Sampling, StatsReply,
+    TokenItem,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +36,9 @@ pub struct MockConfig {
     pub seed: u64,
     /// Devices (GPUs) this agent drives.
     pub devices: u32,
+    /// The context length reported in `stats` and checked on `submit` (a
+    /// longer request fails with `bad_request`, as the real agent's check).
+    pub max_model_len: Option<u32>,
 }
 
 impl Default for MockConfig {
@@ -44,6 +48,7 @@ impl Default for MockConfig {
             failure_rate: 0.0,
             seed: 1,
             devices: 1,
+            max_model_len: None,
         }
     }
 }
@@ -76,6 +81,8 @@ struct Devices {
     plan: Option<(u64, Vec<DevicePlan>)>,
     /// Every `hand_off` received: the request and the group named.
     hand_offs: Vec<(u64, GroupKey)>,
+    /// The sampling parameters of every `submit` received, in order.
+    samplings: Vec<Sampling>,
     out: Option<Outbox>,
 }
 
@@ -100,6 +107,7 @@ impl MockWorker {
             submits: vec![0; config.devices as usize],
             plan: None,
             hand_offs: Vec::new(),
+            samplings: Vec::new(),
             out: None,
         }));
         let mut w = Self {
@@ -184,6 +192,7 @@ impl MockWorker {
                             counters.submits.fetch_add(1, Ordering::Relaxed);
                             let group = group.unwrap_or((0, 1));
                             let mut d = devices.lock().unwrap();
+                            d.samplings.push(sampling.clone());
                             if let Some(n) = d.submits.get_mut(group.0 as usize) {
                                 *n += 1;
                             }
@@ -191,6 +200,15 @@ impl MockWorker {
                             if let Some(g) = dead {
                                 counters.failures.fetch_add(1, Ordering::Relaxed);
                                 reply(error(Some(id), codes::WORKER_DIED, &format!("mock device {g} is dead or unknown")));
+                                continue;
+                            }
+                            let total = input_ids.len() as u64 + u64::from(sampling.max_tokens);
+                            if let Some(limit) = config.max_model_len.filter(|&l| total > u64::from(l)) {
+                                reply(error(
+                                    Some(id),
+                                    codes::BAD_REQUEST,
+                                    &format!("submit {id}: {total} tokens exceed the {limit} tokens a request may hold"),
+                                ));
                                 continue;
                             }
                             if next_unit(&mut rng) < config.failure_rate {
@@ -265,7 +283,7 @@ impl MockWorker {
                             };
                             reply(AgentMsg::PlanApplied(applied));
                         }
-                        Ok(ClientMsg::Stats) => reply(AgentMsg::Stats(stats(&devices.lock().unwrap()))),
+                        Ok(ClientMsg::Stats) => reply(AgentMsg::Stats(stats(&devices.lock().unwrap(), config.max_model_len))),
                         Ok(ClientMsg::Ping) => reply(AgentMsg::Pong),
                         Err(e) => reply(error(None, codes::BAD_REQUEST, &e.to_string())),
                     }
@@ -292,6 +310,11 @@ impl MockWorker {
     /// Every `hand_off` received, in order: the request and the group named.
     pub fn hand_offs(&self) -> Vec<(u64, GroupKey)> {
         self.devices.lock().unwrap().hand_offs.clone()
+    }
+
+    /// The sampling parameters of every `submit` received, in order.
+    pub fn samplings(&self) -> Vec<Sampling> {
+        self.devices.lock().unwrap().samplings.clone()
     }
 
     /// The last plan applied: its id and device entries.
@@ -371,7 +394,7 @@ fn hand_off(d: &mut Devices, id: u64, group: GroupKey, num_devices: u32) -> Hand
     }
 }
 
-fn stats(d: &Devices) -> StatsReply {
+fn stats(d: &Devices, max_model_len: Option<u32>) -> StatsReply {
     let planned = |device: u32| d.plan.as_ref().and_then(|(_, p)| p.iter().find(|e| e.device == device));
     StatsReply {
         devices: (0..d.dead.len() as u32)
@@ -398,6 +421,7 @@ fn stats(d: &Devices) -> StatsReply {
             })
             .collect(),
         plan_id: d.plan.as_ref().map(|(id, _)| *id),
+        max_model_len,
     }
 }
 

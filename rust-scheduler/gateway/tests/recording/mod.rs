@@ -47,6 +47,7 @@ impl WorkerClient for Recorder {
         Ok(StatsReply {
             devices: Vec::new(),
             plan_id: None,
+            max_model_len: None,
         })
     }
 }
