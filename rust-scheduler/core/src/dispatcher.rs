@@ -342,23 +342,8 @@ impl Dispatcher {
             let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
             return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Background));
         }
-        if !self.tier_prefill[tier].iter().any(up) {
-            let fitting = self.all_prefill.iter().copied().filter(up).filter(room);
-            let best = least_full(slots, fitting).ok_or(DispatchError::NoCapacity("this tier's"))?;
-            return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::BestEffort));
-        }
-        let fitting = self.tier_prefill[tier]
-            .iter()
-            .copied()
-            .filter(up)
-            .filter(|&i| prefill_groups || slots[i].role != Role::Prefill)
-            .filter(|i| room(i));
-        // Its own groups full, a request may take room on a group whose
-        // tier's SLO is at least as strict: served there, it meets its own,
-        // and the budget it is charged against keeps the lender's feasible.
-        let own = least_full(slots, fitting);
-        let lent = || {
-            let fitting = self.lender_prefill[tier]
+        let fitting_in = |groups: &[usize]| {
+            let fitting = groups
                 .iter()
                 .copied()
                 .filter(up)
@@ -366,8 +351,21 @@ impl Dispatcher {
                 .filter(|i| room(i));
             least_full(slots, fitting)
         };
-        let best = own.or_else(lent).ok_or(DispatchError::OverBudget { tier })?;
-        Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Feasible))
+        // Its own groups full (or none, as in a pooled plan), a request may
+        // take room on a lending tier's group: served there, it meets its
+        // own SLO, and the budget it is charged against keeps the lender's
+        // feasible.
+        if let Some(best) = fitting_in(&self.tier_prefill[tier]).or_else(|| fitting_in(&self.lender_prefill[tier])) {
+            return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Feasible));
+        }
+        let has_own = self.tier_prefill[tier].iter().any(up);
+        let has_lender = self.lender_prefill[tier].iter().any(up);
+        if !has_own && !has_lender {
+            let fitting = self.all_prefill.iter().copied().filter(up).filter(room);
+            let best = least_full(slots, fitting).ok_or(DispatchError::NoCapacity("this tier's"))?;
+            return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::BestEffort));
+        }
+        Err(DispatchError::OverBudget { tier })
     }
 
     /// The request's prompt is prefilled: its prompt charge comes back.
