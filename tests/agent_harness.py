@@ -124,3 +124,14 @@ def stop_agent(proc: AgentProcess) -> None:
     for p in list(psutil.process_iter(["cmdline"])):  # executors live in their own sessions
         if str(proc.log_dir) in " ".join(p.info["cmdline"] or []):
             p.kill()
+
+
+@pytest.fixture
+def client(agent):
+    """A protocol client of the module's `agent` fixture (a test module
+    defines `agent` and imports this fixture)."""
+    ctx = zmq.Context()
+    c = Client(ctx, agent.endpoint, agent)
+    yield c
+    c.sock.close()
+    ctx.term()

@@ -17,11 +17,10 @@ from contextlib import closing
 import httpx
 import openai
 import pytest
-import zmq
 from test_serve_openai import MODEL, started
 
 from tiertp.profiles import resolve
-from tiertp.worker import protocol as P
+from tiertp.worker.stats_query import ask_stats
 
 TIERS = """
 [[tier]]
@@ -82,19 +81,7 @@ def client(serve, key: str) -> openai.OpenAI:
 
 def agent_stats(endpoint: str) -> dict:
     """The agent's `stats`, asked over the worker protocol as any client may."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        sock.connect(endpoint)
-        sock.send(P.encode({"type": P.STATS}))
-        assert sock.poll(30_000), "the agent did not answer stats"
-        msg = P.decode(sock.recv())
-        assert msg["type"] == P.STATS, msg
-        return msg
-    finally:
-        sock.close(0)
-        ctx.term()
+    return ask_stats(endpoint, timeout_s=30.0)
 
 
 def gateway_plan(serve) -> dict:

@@ -16,8 +16,7 @@ import signal
 import msgspec
 import psutil
 import pytest
-import zmq
-from agent_harness import MAX_TOKENS, AgentProcess, Client, _submit, stop_agent
+from agent_harness import MAX_TOKENS, AgentProcess, _submit, client, stop_agent
 
 from tiertp.engine.isolated import run_isolated
 
@@ -40,15 +39,6 @@ def agent(tmp_path_factory, reference):
     proc = AgentProcess(tmp_path_factory.mktemp("agent"), MODEL, devices=1)
     yield proc
     stop_agent(proc)
-
-
-@pytest.fixture
-def client(agent):
-    ctx = zmq.Context()
-    c = Client(ctx, agent.endpoint, agent)
-    yield c
-    c.sock.close()
-    ctx.term()
 
 
 def test_malformed_messages_are_answered_with_errors(client):

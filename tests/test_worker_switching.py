@@ -17,8 +17,7 @@ from collections import defaultdict
 
 import psutil
 import pytest
-import zmq
-from agent_harness import AgentProcess, Client, _submit, stop_agent
+from agent_harness import AgentProcess, Client, _submit, client, stop_agent
 
 from tiertp.engine.isolated import run_isolated
 
@@ -47,15 +46,6 @@ def agent(tmp_path_factory, reference):
                         extra=("--tp-levels", "1,2", "--max-total-tokens", str(KV_TOKENS)))
     yield proc
     stop_agent(proc)
-
-
-@pytest.fixture
-def client(agent):
-    ctx = zmq.Context()
-    c = Client(ctx, agent.endpoint, agent)
-    yield c
-    c.sock.close()
-    ctx.term()
 
 
 class Streams:

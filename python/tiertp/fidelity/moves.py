@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 
+from tiertp.worker.stats_query import StatsUnanswered, ask_stats
+
 log = logging.getLogger(__name__)
 
 PREFILL = "prefill"
@@ -60,33 +62,12 @@ def agent_moves(endpoint: str, timeout_s: float = 5.0) -> dict | None:
     """The agent's move counters ({switches, rolled_back, hand_offs,
     handed_off_requests}, since it started), asked over its ZeroMQ socket;
     None when it does not answer in time."""
-    import time
-
-    import zmq
-
-    from tiertp.worker import protocol as P
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(endpoint)
-        sock.send(P.encode({"type": P.STATS}))
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if sock.poll(int(left * 1000) + 1):
-                msg = P.decode(sock.recv())
-                if msg.get("type") == P.STATS:
-                    moves = msg.get("moves") or {}
-                    return {k: int(moves.get(k, 0)) for k in AGENT_MOVES}
-        log.warning("the agent at %s did not answer a stats request in %.0f s", endpoint, timeout_s)
+        moves = ask_stats(endpoint, timeout_s).get("moves") or {}
+    except StatsUnanswered as e:
+        log.warning("%s", e)
         return None
-    except zmq.ZMQError as e:
-        log.warning("asking the agent at %s for its stats failed: %s", endpoint, e)
-        return None
-    finally:
-        sock.close(0)
-        ctx.term()
+    return {k: int(moves.get(k, 0)) for k in AGENT_MOVES}
 
 
 def moves_delta(before: dict | None, after: dict | None) -> dict | None:
