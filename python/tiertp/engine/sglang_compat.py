@@ -70,7 +70,7 @@ def cpu_threads_bind(tp_size: int, cores: list[int] | None = None, cores_per_ran
 
     By default the cores are split evenly over the ranks; `cores_per_rank`
     fixes the group size instead (1: one core stands in for one device). With
-    more ranks than cores, ranks share cores round-robin (see `oversubscribed`).
+    more ranks than cores, ranks share cores round-robin.
     `devices` (rank r runs on logical device devices[r]) pins by device
     instead of by rank: device d owns core group d, whichever instance runs
     on it, so two instances on different devices never share cores (and the
@@ -99,11 +99,6 @@ def cpu_threads_bind(tp_size: int, cores: list[int] | None = None, cores_per_ran
 def threads_per_rank(tp_size: int, cores_per_rank: int | None = None) -> int:
     """OMP threads each rank runs: its core group's size."""
     return cores_per_rank or max(1, cpu_count() // tp_size)
-
-
-def oversubscribed(tp_size: int) -> bool:
-    """True when TP ranks outnumber this process's cores (timings then include contention)."""
-    return tp_size > cpu_count()
 
 
 def process_env(device: str, tp_size: int, cores_per_rank: int | None = None,

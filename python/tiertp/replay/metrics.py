@@ -23,10 +23,6 @@ class TierSlo:
     ttft_ms: float | None
     tpot_ms: float | None
 
-    @property
-    def background(self) -> bool:
-        return self.ttft_ms is None
-
     @staticmethod
     def from_tierset(tiers) -> list[TierSlo]:
         return [TierSlo(t["name"], t["ttft_ms"], t["tpot_ms"]) for t in tiers.to_list()]

@@ -39,7 +39,6 @@ ERROR_CODES = (WORKER_DIED, CANCELLED, BAD_REQUEST, OVERLOADED, INTERNAL, SLO_UN
 # Roles and classes are the Rust scheduler's lists (one spelling for both sides).
 ROLES = tuple(_scheduler.ROLES)
 CLASSES = tuple(_scheduler.DISPATCH_CLASSES)
-FINISH_REASONS = ("stop", "length")
 
 U64_MAX = 2**64 - 1
 
