@@ -212,17 +212,10 @@ impl Dispatcher {
     /// Decode slots a prefilled request may move to: its tier's decode
     /// groups on its node (`colocated_too`: also its colocated groups).
     fn decode_targets(&self, c: &Charge, colocated_too: bool) -> Vec<usize> {
-        let here = self.node(c.key.0);
-        let on_node = |v: &[usize]| {
-            v.iter()
-                .copied()
-                .filter(|&i| self.node(self.slots[i].key.0) == here)
-                .collect::<Vec<_>>()
-        };
-        let mut out = on_node(&self.tier_decode[c.tier]);
+        let mut out = self.on_node_of(c, &self.tier_decode[c.tier]);
         if colocated_too {
             out.extend(
-                on_node(&self.tier_prefill[c.tier])
+                self.on_node_of(c, &self.tier_prefill[c.tier])
                     .into_iter()
                     .filter(|&i| self.slots[i].holds_slots()),
             );
@@ -233,12 +226,13 @@ impl Dispatcher {
     /// Decode groups of the tiers lending to the request's on its node: its
     /// decode slot when its own tier's are all taken.
     fn lent_decode_targets(&self, c: &Charge) -> Vec<usize> {
+        self.on_node_of(c, &self.lender_decode[c.tier])
+    }
+
+    /// The groups of `slots` on the request's node (its KV cannot cross nodes).
+    fn on_node_of(&self, c: &Charge, slots: &[usize]) -> Vec<usize> {
         let here = self.node(c.key.0);
-        self.lender_decode[c.tier]
-            .iter()
-            .copied()
-            .filter(|&i| self.node(self.slots[i].key.0) == here)
-            .collect()
+        slots.iter().copied().filter(|&i| self.node(self.slots[i].key.0) == here).collect()
     }
 
     /// Whether the request's node has any decode group it could move to
@@ -351,7 +345,7 @@ impl Dispatcher {
                 .filter(|i| room(i));
             least_full(slots, fitting)
         };
-        // Its own groups full (or none, as in a pooled plan), a request may
+        // Its own groups full (or none planned), a request may
         // take room on a lending tier's group: served there, it meets its
         // own SLO, and the budget it is charged against keeps the lender's
         // feasible.
