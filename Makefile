@@ -30,6 +30,7 @@ bench: setup  ## All benchmarks, one JSON object each on stdout
 	$(BIN)/tiertp bench scheduler --json
 	$(BIN)/tiertp bench replay --json
 	$(BIN)/tiertp bench kv-migration --json
+	$(BIN)/tiertp bench kv-kernels --json
 	$(BIN)/tiertp bench gateway --json
 	$(BIN)/tiertp bench switch --json
 

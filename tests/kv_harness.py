@@ -21,6 +21,7 @@ receivers pull those pairs straight out of them.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import multiprocessing as mp
 import os
@@ -189,3 +190,13 @@ def run_world(world: int, scenarios: list[Scenario], timeout_s: float = 120.0,
             raise RuntimeError(f"KV migration processes failed (hung: {hung}, exit != 0: {bad})\n{detail}")
         return [{g: torch.load(Path(tmp) / f"{i}-{g}.pt", weights_only=False) for g in range(world)}
                 for i in range(len(scenarios))]
+
+
+@contextlib.contextmanager
+def one_rank_context(store_dir: Path, timeout_s: float = 30):
+    """A MigrationContext of this process alone (a one-rank gloo group): migrations within one GPU."""
+    dist.init_process_group("gloo", init_method=f"file://{store_dir / 'store'}", rank=0, world_size=1)
+    try:
+        yield MigrationContext(gpu=0, group=dist.group.WORLD, gpu_to_rank={0: 0}, timeout_s=timeout_s)
+    finally:
+        dist.destroy_process_group()

@@ -59,3 +59,20 @@ def test_per_page_sample_is_spread_and_differs_per_round():
         assert len(set(pos)) == 64 and 0 <= min(pos) < 40 and 2560 - 40 <= max(pos) < 2560
         assert max(b - a for a, b in zip(pos, pos[1:])) <= 41
     assert not set(rounds[0]) & set(rounds[1])
+
+
+def test_kernel_bench_reports_every_figure_on_cpu():
+    from tiertp.bench import kv_kernels
+
+    assert BENCHES["kv-kernels"] == "tiertp.bench.kv_kernels"
+    parser = argparse.ArgumentParser()
+    kv_kernels.add_arguments(parser)
+    out = kv_kernels.run(parser.parse_args(["--device", "cpu", "--tokens", "40", "--page-sizes", "1,16", "--layers",
+                                            "2", "--kv-heads", "2", "--head-dim", "8", "--repeat", "1"]))
+    assert out["device"] == "cpu" and [(r["tokens"], r["page_size"]) for r in out["results"]] == [(40, 1), (40, 16)]
+    for row in out["results"]:
+        assert row["kernels"] == "cpu" and row["chunk_mib"] == 16
+        for key in ("gather_all_heads_gbps", "gather_half_heads_gbps", "scatter_all_heads_gbps",
+                    "contiguous_copy_gbps", "migrate_gbps", "migrate_staged_gbps"):
+            assert row[key] >= 0, key  # rounded: a tiny KV can show 0.0
+        assert row["migrate_ms"] > 0 and row["migrate_staged_ms"] > 0

@@ -3,19 +3,15 @@ handshake refusing pools that do not match the plan."""
 
 import pytest
 import torch
-import torch.distributed as dist
+from kv_harness import one_rank_context
 
-from tiertp.kv import (HeadRange, KVPool, KVShape, Layout, MigrationAborted, MigrationContext, RequestKV, migrate,
-                       plan_migration)
+from tiertp.kv import HeadRange, KVPool, KVShape, Layout, MigrationAborted, RequestKV, migrate, plan_migration
 
 
 @pytest.fixture
 def ctx(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield MigrationContext(gpu=0, group=dist.group.WORLD, gpu_to_rank={0: 0}, timeout_s=30)
-    finally:
-        dist.destroy_process_group()
+    with one_rank_context(tmp_path) as c:
+        yield c
 
 
 def _pool(shape, heads, pages, seed):

@@ -49,10 +49,44 @@ void scatter(torch::Tensor buffer_ptrs, torch::Tensor page_ids, int64_t page_siz
   C10_CUDA_CHECK(kv_scatter_heads(a, at::cuda::getCurrentCUDAStream()));
 }
 
+void copy_pages(torch::Tensor src_ptrs, torch::Tensor dst_ptrs, torch::Tensor src_ids, torch::Tensor dst_ids,
+                int64_t page_size, int64_t src_heads, int64_t dst_heads, int64_t head_dim, int64_t src_head_start,
+                int64_t dst_head_start, int64_t head_count, int64_t elem_size, int64_t pointer_alignment) {
+  for (const auto* t : {&src_ptrs, &dst_ptrs, &src_ids, &dst_ids}) {
+    TORCH_CHECK(t->is_cuda() && t->scalar_type() == torch::kInt64 && t->is_contiguous() &&
+                    t->device() == src_ptrs.device(),
+                "copy_pages: pointer tables and page ids must be contiguous int64 on one CUDA device");
+  }
+  TORCH_CHECK(src_ptrs.numel() == dst_ptrs.numel(), "copy_pages: the pools differ in buffer count");
+  TORCH_CHECK(src_ids.numel() == dst_ids.numel(), "copy_pages: source and destination page counts differ");
+  TORCH_CHECK(src_head_start >= 0 && src_head_start + head_count <= src_heads && dst_head_start >= 0 &&
+                  dst_head_start + head_count <= dst_heads,
+              "copy_pages: head range outside a pool");
+  const c10::cuda::CUDAGuard guard(src_ptrs.device());
+  KvPoolCopyArgs a;
+  a.src_ptrs = src_ptrs.data_ptr<int64_t>();
+  a.dst_ptrs = dst_ptrs.data_ptr<int64_t>();
+  a.num_buffers = src_ptrs.numel();
+  a.src_ids = src_ids.data_ptr<int64_t>();
+  a.dst_ids = dst_ids.data_ptr<int64_t>();
+  a.n_pages = src_ids.numel();
+  a.page_size = page_size;
+  a.src_heads = src_heads;
+  a.dst_heads = dst_heads;
+  a.head_dim = head_dim;
+  a.src_head_start = src_head_start;
+  a.dst_head_start = dst_head_start;
+  a.head_count = head_count;
+  a.elem_size = elem_size;
+  a.pointer_alignment = pointer_alignment;
+  C10_CUDA_CHECK(kv_copy_pages(a, at::cuda::getCurrentCUDAStream()));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "tiertp KV migration: gather/scatter selected heads of KV pages (CUDA)";
   m.def("gather", &gather, "pool pages -> staging (on the current CUDA stream)");
   m.def("scatter", &scatter, "staging -> pool pages (on the current CUDA stream)");
+  m.def("copy_pages", &copy_pages, "pool pages -> pool pages, no staging (on the current CUDA stream)");
 }

@@ -7,6 +7,7 @@ BENCHES is the one list: name -> module under tiertp.bench exposing
 BENCHES = {
     "scheduler": "tiertp.bench.scheduler",
     "kv-migration": "tiertp.bench.kv_migration",
+    "kv-kernels": "tiertp.bench.kv_kernels",
     "replay": "tiertp.bench.replay",
     "gateway": "tiertp.bench.gateway",
     "switch": "tiertp.bench.switch",

@@ -9,8 +9,12 @@ arguments the same way (ValueError). Implementations: `cuda.py`, `cpu.py`,
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 class KVKernels(ABC):
@@ -60,18 +64,26 @@ class KVKernels(ABC):
         return False
 
 
-def check_pool(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
-               page_size: int, head_start: int, head_count: int) -> None:
-    """Checks of one pool's side of a copy (gather, scatter, copy_pages): the
-    buffers, the heads [head_start, +head_count) and the page ids, so every
-    implementation fails the same way."""
+def check_buffers(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> None:
+    """The per-buffer half of check_pool: as many K as V buffers, all
+    [slots, heads, head_dim] of one dtype and device."""
     if len(k_buffers) != len(v_buffers) or not k_buffers:
         raise ValueError("need the same non-zero number of K and V buffers")
     first = k_buffers[0]
     if first.dim() != 3 or any(b.shape != first.shape or b.dtype != first.dtype or b.device != first.device
                                for b in (*k_buffers, *v_buffers)):
         raise ValueError("K and V buffers must all be [slots, heads, head_dim] of one dtype and device")
-    slots, heads, _ = first.shape
+
+
+def check_pool(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
+               page_size: int, head_start: int, head_count: int, *, buffers_checked: bool = False) -> None:
+    """Checks of one pool's side of a copy (gather, scatter, copy_pages): the
+    buffers (unless `buffers_checked`: see PoolCache), the heads
+    [head_start, +head_count) and the page ids, so every implementation
+    fails the same way."""
+    if not buffers_checked:
+        check_buffers(k_buffers, v_buffers)
+    slots, heads, _ = k_buffers[0].shape
     if not 0 <= head_start or head_start + head_count > heads:
         raise ValueError(f"heads [{head_start}, {head_start + head_count}) outside the pool's {heads}")
     if page_ids.dtype != torch.long or page_ids.dim() != 1:
@@ -81,9 +93,10 @@ def check_pool(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], pag
 
 
 def check_staging(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], page_ids: torch.Tensor,
-                  page_size: int, head_start: int, staging: torch.Tensor) -> None:
+                  page_size: int, head_start: int, staging: torch.Tensor, *, buffers_checked: bool = False) -> None:
     """Shared argument checks of gather and scatter, so every implementation fails the same way."""
-    check_pool(k_buffers, v_buffers, page_ids, page_size, head_start, staging.shape[4] if staging.dim() == 6 else 0)
+    check_pool(k_buffers, v_buffers, page_ids, page_size, head_start, staging.shape[4] if staging.dim() == 6 else 0,
+               buffers_checked=buffers_checked)
     first = k_buffers[0]
     want = (len(k_buffers), 2, page_ids.numel(), page_size, staging.shape[4] if staging.dim() == 6 else -1,
             first.shape[2])
@@ -91,3 +104,27 @@ def check_staging(k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor], 
         raise ValueError(f"staging must be contiguous {want}, got {tuple(staging.shape)}")
     if staging.dtype != first.dtype:
         raise ValueError(f"staging dtype {staging.dtype} != pool dtype {first.dtype}")
+
+
+class PoolCache(Generic[T]):
+    """What an implementation derives from a pool's buffers (a pointer
+    table), built once per pool, after its buffers pass `check_buffers`.
+
+    A pool's buffers never move, and a migration calls the kernels once per
+    chunk: checking every buffer on every call costs more than a 16 MiB
+    copy takes on a GPU. Pools are told apart by their buffers' addresses
+    and the first one's shape, dtype and device."""
+
+    def __init__(self, build: Callable[[list[torch.Tensor]], T]):
+        self._build = build
+        self._known: dict[tuple, T] = {}
+
+    def __call__(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> T:
+        first = (k_buffers[0].shape, k_buffers[0].dtype, k_buffers[0].device) if k_buffers else ()
+        key = (len(k_buffers), len(v_buffers), *map(torch.Tensor.data_ptr, k_buffers),
+               *map(torch.Tensor.data_ptr, v_buffers), *first)
+        hit = self._known.get(key)
+        if hit is None:
+            check_buffers(k_buffers, v_buffers)
+            hit = self._known[key] = self._build([b for pair in zip(k_buffers, v_buffers) for b in pair])
+        return hit

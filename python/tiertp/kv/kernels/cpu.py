@@ -19,7 +19,7 @@ import tempfile
 import torch
 
 from tiertp.kv.errors import KVMigrationError
-from tiertp.kv.kernels.base import KVKernels, check_pool, check_staging
+from tiertp.kv.kernels.base import KVKernels, PoolCache, check_pool, check_staging
 from tiertp.kv.kernels.paths import cache_dir, kernel_dir
 
 _I64 = ctypes.c_int64
@@ -73,9 +73,15 @@ class CpuKernels(KVKernels):
     def __init__(self) -> None:
         self._lib = load_library()
         self._ptrs: dict[tuple[int, ...], torch.Tensor] = {}
+        self._pools = PoolCache(self._checked_table)
 
-    def _buffer_ptrs(self, k_buffers, v_buffers) -> torch.Tensor:
-        return self._pointer_table([b for pair in zip(k_buffers, v_buffers) for b in pair])
+    def _checked_table(self, buffers) -> torch.Tensor:
+        """A pool's pointer table, once its buffers are known to be CPU and contiguous."""
+        if buffers[0].device.type != "cpu":
+            raise ValueError("CpuKernels copies CPU tensors only")
+        if not all(b.is_contiguous() for b in buffers):
+            raise ValueError("KV buffers must be contiguous")
+        return self._pointer_table(buffers)
 
     def _pointer_table(self, buffers) -> torch.Tensor:
         key = tuple(b.data_ptr() for b in buffers)
@@ -84,18 +90,16 @@ class CpuKernels(KVKernels):
         return self._ptrs[key]
 
     def _call(self, fn, k_buffers, v_buffers, page_ids, page_size, head_start, staging):
-        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, staging)
-        if staging.device.type != "cpu" or k_buffers[0].device.type != "cpu":
+        ptrs = self._pools(k_buffers, v_buffers)
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, staging, buffers_checked=True)
+        if staging.device.type != "cpu":
             raise ValueError("CpuKernels copies CPU tensors only")
-        if not all(b.is_contiguous() for b in (*k_buffers, *v_buffers)):
-            raise ValueError("KV buffers must be contiguous")
         ids = page_ids.contiguous()
         if ids.numel() == 0:
             return
         _, heads, dim = k_buffers[0].shape
         if int(ids.min()) < 0 or (int(ids.max()) + 1) * page_size > k_buffers[0].shape[0]:
             raise ValueError("page id outside the pool")
-        ptrs = self._buffer_ptrs(k_buffers, v_buffers)
         fn(ptrs.data_ptr(), ptrs.numel(), ids.data_ptr(), ids.numel(), page_size, heads, dim, head_start,
            staging.shape[4], staging.element_size(), staging.data_ptr())
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from tiertp.kv.errors import KVMigrationError, NoGPUError
-from tiertp.kv.kernels.base import KVKernels, check_staging
+from tiertp.kv.kernels.base import KVKernels, PoolCache, check_pool, check_staging
 from tiertp.kv.kernels.paths import cache_dir, kernel_dir
 
 ARCHS = ("80", "90")  # A100, H100/H200
@@ -116,29 +116,46 @@ def _alignment(buffers: list[torch.Tensor]) -> int:
 
 class CudaKernels(KVKernels):
     """Launches on the current CUDA stream, so callers order copies with
-    streams and events (the pipelined executor gathers on its own stream)."""
+    streams and events (the pipelined executor gathers on its own stream).
+    `copy_pages` copies any move of one device pool to pool in one launch."""
 
     name = "cuda"
 
     def __init__(self) -> None:
         self._ext = load_extension()
-        self._ptrs: dict[tuple[int, ...], tuple[torch.Tensor, int]] = {}
-
-    def _buffer_ptrs(self, k_buffers, v_buffers) -> tuple[torch.Tensor, int]:
-        bufs = [b for pair in zip(k_buffers, v_buffers) for b in pair]
-        key = tuple(b.data_ptr() for b in bufs)
-        if key not in self._ptrs:  # a pool's buffers never move: build the pointer table once
-            self._ptrs[key] = (torch.tensor(key, dtype=torch.long, device=bufs[0].device), _alignment(bufs))
-        return self._ptrs[key]
+        # Per pool: its buffers' addresses as a device array, and their alignment.
+        self._pools = PoolCache(lambda bufs: (
+            torch.tensor([b.data_ptr() for b in bufs], dtype=torch.long, device=bufs[0].device), _alignment(bufs)))
 
     def gather(self, k_buffers, v_buffers, page_ids, page_size, head_start, out):
-        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, out)
-        ptrs, align = self._buffer_ptrs(k_buffers, v_buffers)
+        ptrs, align = self._pools(k_buffers, v_buffers)
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, out, buffers_checked=True)
         _, heads, dim = k_buffers[0].shape
         self._ext.gather(ptrs, page_ids, page_size, heads, dim, head_start, min(align, _alignment([out])), out)
 
     def scatter(self, k_buffers, v_buffers, page_ids, page_size, head_start, src):
-        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, src)
-        ptrs, align = self._buffer_ptrs(k_buffers, v_buffers)
+        ptrs, align = self._pools(k_buffers, v_buffers)
+        check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, src, buffers_checked=True)
         _, heads, dim = k_buffers[0].shape
         self._ext.scatter(ptrs, page_ids, page_size, heads, dim, head_start, min(align, _alignment([src])), src)
+
+    def copy_pages(self, src, src_ids, src_head_start, dst, dst_ids, dst_head_start, head_count, page_size):
+        (src_k, src_v), (dst_k, dst_v) = src, dst
+        src_ptrs, src_align = self._pools(src_k, src_v)
+        dst_ptrs, dst_align = self._pools(dst_k, dst_v)
+        check_pool(src_k, src_v, src_ids, page_size, src_head_start, head_count, buffers_checked=True)
+        check_pool(dst_k, dst_v, dst_ids, page_size, dst_head_start, head_count, buffers_checked=True)
+        if src_ids.numel() != dst_ids.numel():
+            raise ValueError(f"copy_pages: {src_ids.numel()} source pages but {dst_ids.numel()} destination pages")
+        first_src, first_dst = src_k[0], dst_k[0]
+        if first_src.dtype != first_dst.dtype or first_src.shape[2] != first_dst.shape[2]:
+            raise ValueError("copy_pages: the pools differ in dtype or head_dim")
+        if first_src.device != first_dst.device:
+            return False  # another device's pool: staged through the transport instead
+        if src_ids.numel() == 0:
+            return True
+        device = first_src.device
+        self._ext.copy_pages(src_ptrs, dst_ptrs, src_ids.to(device).contiguous(), dst_ids.to(device).contiguous(),
+                             page_size, first_src.shape[1], first_dst.shape[1], first_src.shape[2], src_head_start,
+                             dst_head_start, head_count, first_src.element_size(), min(src_align, dst_align))
+        return True
