@@ -190,5 +190,5 @@ def test_arrival_observer(tiers):
 
 def test_bench_scheduler_quick():
     r = json.loads(s.bench_scheduler(quick=True))
-    assert set(r["plan_median_ms"]) == {"8x4", "128x4"}
+    assert set(r["plan_median_ms"]) == {"8x4", "128x4", "128x4-pooled"}
     assert r["dispatch_decisions_per_s"] > 0

@@ -40,16 +40,19 @@ impl Default for BenchSettings {
 }
 
 /// `n` tiers from tight (interactive) to loose; with 4 or more, the last is
-/// background.
-pub fn bench_tiers(n: usize) -> TierSet {
+/// background. Weights fall from tight to loose, so no tier lends to all
+/// the others (planned per tier); `pooled`: every weight 1, so the tightest
+/// lends to all and the planner also plans the pool (`planner::sharing`).
+pub fn bench_tiers(n: usize, pooled: bool) -> TierSet {
     let tiers = (0..n)
         .map(|i| {
             let name = format!("tier{i}");
+            let weight = |w: f64| if pooled { 1.0 } else { w };
             if n >= 4 && i == n - 1 {
-                Tier::background_tier(&name, 0.5)
+                Tier::background_tier(&name, weight(0.5))
             } else {
                 let f = f64::from(1u32 << i.min(6));
-                Tier::slo_tier(&name, 400.0 * f, 40.0 + 30.0 * i as f64, (n - i) as f64)
+                Tier::slo_tier(&name, 400.0 * f, 40.0 + 30.0 * i as f64, weight((n - i) as f64))
             }
         })
         .collect();
@@ -71,9 +74,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[idx]
 }
 
-fn time_planning(profile: &Arc<Profile>, gpus: u32, tiers: usize, budget: Duration) -> Value {
+fn time_planning(profile: &Arc<Profile>, gpus: u32, tiers: usize, pooled: bool, budget: Duration) -> Value {
     let cluster = Cluster::uniform(gpus, 8).expect("bench cluster");
-    let mut planner = Planner::new(profile.clone(), bench_tiers(tiers), cluster, PlannerConfig::default()).expect("bench planner");
+    let mut planner = Planner::new(profile.clone(), bench_tiers(tiers, pooled), cluster, PlannerConfig::default()).expect("bench planner");
     let stats: Vec<Vec<TierStats>> = (0..8).map(|k| bench_stats(gpus, tiers, f64::from(k) / 4.0 - 1.0)).collect();
     for s in stats.iter().cycle().take(10) {
         planner.step(s).expect("bench step");
@@ -99,7 +102,7 @@ fn time_planning(profile: &Arc<Profile>, gpus: u32, tiers: usize, budget: Durati
 }
 
 fn time_dispatch(profile: &Arc<Profile>, settings: &BenchSettings) -> Value {
-    let tiers = bench_tiers(4);
+    let tiers = bench_tiers(4, false);
     let cluster = Cluster::uniform(settings.dispatch_replicas, 8).expect("bench cluster");
     // One replica per GPU: TP1, colocated.
     let config = PlannerConfig {
@@ -146,10 +149,18 @@ pub fn run(settings: &BenchSettings) -> Value {
     let mut detail = BTreeMap::new();
     for &g in &settings.gpu_counts {
         for &t in &settings.tier_counts {
-            let r = time_planning(&profile, g, t, settings.plan_budget);
+            let r = time_planning(&profile, g, t, false, settings.plan_budget);
             medians.insert(format!("{g}x{t}"), r["median_ms"].clone());
             detail.insert(format!("{g}x{t}"), r);
         }
+    }
+    // Large clusters of 4 tiers again with a pool to plan besides (one
+    // greedy run per TP level more).
+    for &g in settings.gpu_counts.iter().filter(|&&g| g >= 128) {
+        let t = 4;
+        let r = time_planning(&profile, g, t, true, settings.plan_budget);
+        medians.insert(format!("{g}x{t}-pooled"), r["median_ms"].clone());
+        detail.insert(format!("{g}x{t}-pooled"), r);
     }
     let dispatch = time_dispatch(&profile, settings);
     json!({

@@ -94,6 +94,44 @@ impl RateShape {
         self.points.iter().map(|p| (p * mean_rps).min(capacity_rps)).sum::<f64>() / POINTS as f64
     }
 
+    /// The least capacity that serves `target_rps` of a rate averaging
+    /// `mean_rps` (the inverse of `served`; the peak rate for the whole mean).
+    pub fn capacity_for(&self, mean_rps: f64, target_rps: f64) -> f64 {
+        if mean_rps <= 0.0 || target_rps <= 0.0 {
+            return 0.0;
+        }
+        if self.steady {
+            return target_rps.min(mean_rps);
+        }
+        // Between points k-1 and k, served(c) = (Σ_{i<k} p_i μ + (N - k) c) / N.
+        let n = POINTS as f64;
+        let mut below = 0.0;
+        for (k, p) in self.points.iter().enumerate() {
+            let x = p * mean_rps;
+            if (below + (n - k as f64) * x) / n >= target_rps {
+                return ((target_rps * n - below) / (n - k as f64)).max(0.0);
+            }
+            below += x;
+        }
+        self.peak(mean_rps)
+    }
+
+    /// The shape of several tiers' summed rate, each given as (mean rate,
+    /// shape), taking their busy windows to coincide (comonotone: quantile
+    /// point i of the sum is the sum of the tiers' points i). That is the
+    /// cautious reading for a pool: bursts that stack need the most capacity.
+    pub fn pooled(parts: &[(f64, RateShape)]) -> Self {
+        let total: f64 = parts.iter().map(|(rate, _)| rate.max(0.0)).sum();
+        if total <= 0.0 || parts.iter().all(|(rate, s)| s.steady || *rate <= 0.0) {
+            return Self::steady();
+        }
+        let mut points = [0.0; POINTS];
+        for (i, p) in points.iter_mut().enumerate() {
+            *p = parts.iter().map(|(rate, s)| rate.max(0.0) * s.points[i]).sum::<f64>() / total;
+        }
+        Self { points, steady: false }
+    }
+
     /// The rate of the busiest windows (the top quantile point).
     pub fn peak(&self, mean_rps: f64) -> f64 {
         self.points[POINTS - 1] * mean_rps
@@ -114,6 +152,35 @@ mod tests {
         assert!(RateShape::from_counts(&[5.0; 3]).is_steady(), "too few windows");
         assert!(RateShape::from_counts(&[5.0; 20]).is_steady());
         assert!(RateShape::from_counts(&[0.0; 20]).is_steady());
+    }
+
+    #[test]
+    fn capacity_for_inverts_served() {
+        let mut counts = vec![1.0; 9];
+        counts.push(91.0);
+        for shape in [RateShape::from_counts(&counts), RateShape::steady()] {
+            for c in [0.5, 1.0, 3.0, 10.0, 40.0, 90.0] {
+                let served = shape.served(10.0, c);
+                let back = shape.capacity_for(10.0, served);
+                assert!((shape.served(10.0, back) - served).abs() < 1e-9, "{c}: {back}");
+                assert!(back <= c + 1e-9);
+            }
+        }
+        assert_eq!(RateShape::steady().capacity_for(10.0, 0.0), 0.0);
+    }
+
+    #[test]
+    fn a_pool_of_tiers_serves_their_summed_rate() {
+        let mut counts = vec![1.0; 9];
+        counts.push(91.0);
+        let bursty = RateShape::from_counts(&counts);
+        let pool = RateShape::pooled(&[(10.0, bursty), (30.0, RateShape::steady())]);
+        // The mean is kept: ample capacity serves all 40 req/s.
+        assert!((pool.served(40.0, 1e6) - 40.0).abs() < 1e-9);
+        // Capacity at the mean serves the steady part, and loses the burst.
+        let at_mean = pool.served(40.0, 40.0);
+        assert!(at_mean < 40.0 - 1.0 && at_mean > 30.0, "{at_mean}");
+        assert!(RateShape::pooled(&[(5.0, RateShape::steady()), (0.0, bursty)]).is_steady());
     }
 
     #[test]

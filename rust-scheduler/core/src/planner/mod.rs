@@ -1,6 +1,8 @@
 //! The planner: every control window, estimate each tier's candidates, assign
-//! GPU groups with the weighted greedy, and commit the result only if it
-//! beats the current plan by the hysteresis margin (DESIGN.md §1).
+//! GPU groups with the weighted greedy (per tier, and for a pool of tiers on
+//! one host's groups where the demand allows one: `sharing`), and commit the
+//! better proposal only if it beats the current plan by the hysteresis
+//! margin and repays the switch (DESIGN.md §1).
 
 mod commit;
 mod diff;
@@ -8,6 +10,8 @@ pub mod fairness;
 mod greedy;
 pub use fairness::{FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_SHARE};
 mod placement;
+mod sharing;
+use sharing::Sharing;
 
 use std::sync::Arc;
 
@@ -178,6 +182,18 @@ impl Planner {
         self.current = None;
     }
 
+    /// How `groups` serve the tiers under the current demand: as the pool
+    /// it allows when no member but the host has a group of its own (every
+    /// member's request then runs on the host's groups), else per tier.
+    fn sharing_of(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate]) -> Sharing {
+        match sharing::pool_for(self.tiers.tiers(), estimates) {
+            Some(Sharing::Pooled { host, members }) if groups.iter().all(|g| g.0 == host || !members.contains(&g.0)) => {
+                Sharing::Pooled { host, members }
+            }
+            _ => Sharing::PerTier,
+        }
+    }
+
     pub fn estimate(&self, stats: &[TierStats]) -> Result<Vec<TierEstimate>, PlanError> {
         check_stats(self.tiers.tiers(), stats)?;
         Ok(estimate_all(&self.profile, self.tiers.tiers(), stats, &self.tp_levels))
@@ -186,37 +202,90 @@ impl Planner {
     /// The plan the greedy would choose from scratch, without hysteresis.
     pub fn propose(&self, stats: &[TierStats]) -> Result<(Plan, Vec<TierEstimate>), PlanError> {
         let estimates = self.estimate(stats)?;
-        let plan = self.propose_from(&estimates);
+        let plan = self.best_proposal(&estimates);
         Ok((plan, estimates))
     }
 
-    fn propose_from(&self, estimates: &[TierEstimate]) -> Plan {
+    /// The per-tier proposal, or the best pooled one where the demand
+    /// allows a pool and it is worth more (`sharing`).
+    fn best_proposal(&self, estimates: &[TierEstimate]) -> Plan {
+        let tiers = self.tiers.tiers();
+        let per_tier = self.propose_at(estimates, &self.basis(estimates, Sharing::PerTier), &self.tp_levels);
+        let Some(pool) = sharing::pool_for(tiers, estimates) else {
+            return per_tier;
+        };
+        let pool = self.basis(estimates, pool);
+        // The pool on all levels, and on each level alone: a mix of levels the
+        // greedy builds tier by tier can split GPUs that one level's groups use whole.
+        let (pooled, pooled_value) = std::iter::once(self.propose_at(estimates, &pool, &self.tp_levels))
+            .chain(
+                self.tp_levels
+                    .iter()
+                    .filter(|_| self.tp_levels.len() > 1)
+                    .map(|&tp| self.propose_at(estimates, &pool, &[tp])),
+            )
+            .map(|p| {
+                let v = objective(tiers, estimates, &p);
+                (p, v)
+            })
+            .fold(None, |best: Option<(Plan, f64)>, (p, v)| match best {
+                Some((bp, bv)) if bv >= v => Some((bp, bv)),
+                _ => Some((p, v)),
+            })
+            .expect("at least the all-levels pool");
+        if pooled_value > objective(tiers, estimates, &per_tier) * (1.0 + 1e-9) {
+            pooled
+        } else {
+            per_tier
+        }
+    }
+
+    /// What planning under `sharing` sees, worked out once per step.
+    fn basis(&self, estimates: &[TierEstimate], sharing: Sharing) -> Basis {
+        let planning = sharing::planning_estimates(&self.profile, self.tiers.tiers(), estimates, &sharing, &self.tp_levels);
+        Basis { sharing, planning }
+    }
+
+    /// The greedy's plan under `basis`, using only the TP levels `levels`
+    /// (a subset of the planner's).
+    fn propose_at(&self, estimates: &[TierEstimate], basis: &Basis, levels: &[u32]) -> Plan {
+        let restricted: Vec<TierEstimate>;
+        let planning = if levels.len() < self.tp_levels.len() {
+            restricted = basis
+                .planning
+                .iter()
+                .map(|e| TierEstimate {
+                    per_tp: e.per_tp.iter().filter(|x| levels.contains(&x.tp)).copied().collect(),
+                    ..e.clone()
+                })
+                .collect();
+            &restricted
+        } else {
+            &basis.planning
+        };
         let input = greedy::GreedyInput {
             tiers: self.tiers.tiers(),
-            estimates,
-            tp_levels: &self.tp_levels,
+            estimates: planning,
+            tp_levels: levels,
             fairness_weighting: self.config.fairness_weighting,
             allow_colocated: self.config.allow_colocated,
             allow_disaggregated: self.config.allow_disaggregated,
             utilization: self.config.target_utilization,
         };
         let chosen = greedy::assign(&input, Allocator::new(&self.cluster));
-        let groups: Vec<(usize, Role, u32, u32)> = chosen
-            .iter()
-            .map(|c| (c.tier, c.role, self.tp_levels[c.tp_index], c.first_gpu))
-            .collect();
+        let groups: Vec<(usize, Role, u32, u32)> = chosen.iter().map(|c| (c.tier, c.role, levels[c.tp_index], c.first_gpu)).collect();
         let placed = match &self.current {
             Some(cur) => placement::stable(&self.cluster, cur, &groups).unwrap_or(groups),
             None => groups,
         };
-        self.build_plan(&placed, estimates)
+        self.build_plan(&placed, estimates, Some(basis))
     }
 
     /// One control-window step: propose, compare with the current plan under
     /// the same stats, commit the proposal if it wins by the margin.
     pub fn step(&mut self, stats: &[TierStats]) -> Result<PlanOutcome, PlanError> {
         let estimates = self.estimate(stats)?;
-        let proposal = self.propose_from(&estimates);
+        let proposal = self.best_proposal(&estimates);
         let proposed_objective = objective(self.tiers.tiers(), &estimates, &proposal);
         let current = self.current.as_ref().map(|cur| {
             let refreshed = self.refresh(cur, &estimates);
@@ -262,28 +331,58 @@ impl Planner {
     /// new estimates.
     fn refresh(&self, plan: &Plan, estimates: &[TierEstimate]) -> Plan {
         let groups: Vec<(usize, Role, u32, u32)> = plan.groups.iter().map(|g| (g.tier, g.role, g.tp, g.first_gpu)).collect();
-        self.build_plan(&groups, estimates)
+        self.build_plan(&groups, estimates, None)
     }
 
-    fn build_plan(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate]) -> Plan {
+    /// Groups sized by their tier's own estimate (a pool's host's groups
+    /// take its members' requests within the host's budgets, or, where the
+    /// host's own requests cannot meet its SLO on the group, within the
+    /// merged load's); a pool's capacity counted in requests of the merged
+    /// load, and each tier credited as the groups serve it (`sharing_of`).
+    /// `known`: a basis already worked out for these estimates, used when
+    /// it is how the groups serve the tiers.
+    fn build_plan(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate], known: Option<&Basis>) -> Plan {
         let tiers = self.tiers.tiers();
+        let sharing = self.sharing_of(groups, estimates);
+        let worked_out;
+        let planning = match known {
+            Some(b) if b.sharing == sharing => &b.planning,
+            _ => {
+                worked_out = self.basis(estimates, sharing.clone()).planning;
+                &worked_out
+            }
+        };
         let mut out: Vec<GroupPlan> = groups
             .iter()
             .map(|&(tier, role, tp, first_gpu)| {
-                let e = estimates[tier].at(tp).expect("planned TP levels were estimated");
-                let mut g = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
-                g.capacity_rps *= self.config.target_utilization;
+                let own = estimates[tier].at(tp).expect("planned TP levels were estimated");
+                let merged = planning[tier].at(tp).expect("planned TP levels were estimated");
+                let pooled = group_plan(&self.profile, &tiers[tier], merged, tier, role, first_gpu);
+                let mut g = group_plan(&self.profile, &tiers[tier], own, tier, role, first_gpu);
+                if g.slo_budget == 0 {
+                    // The host's own requests cannot meet its SLO here: the
+                    // group is the members', sized for their merged load.
+                    g = pooled;
+                }
+                g.capacity_rps = pooled.capacity_rps * self.config.target_utilization;
                 g
             })
             .collect();
         out.sort_by_key(|g| g.first_gpu);
-        let tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
+        let mut tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
+        sharing::credit_members(&mut tier_capacity_rps, estimates, &sharing);
         Plan {
             num_gpus: self.cluster.num_gpus(),
             groups: out,
             tier_capacity_rps,
         }
     }
+}
+
+/// A way of sharing and the estimates planning under it sees (`sharing`).
+struct Basis {
+    sharing: Sharing,
+    planning: Vec<TierEstimate>,
 }
 
 fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {

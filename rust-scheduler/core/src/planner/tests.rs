@@ -157,9 +157,11 @@ fn planned_served(plan: &Plan, stats: &[TierStats]) -> Vec<f64> {
 #[test]
 fn a_bursty_tier_is_planned_for_what_its_capacity_serves() {
     use crate::rate_shape::RateShape;
+    // Neither tier's SLO is at least as strict as the other's on both
+    // targets, so neither lends to the other: the plan is per tier.
     let tiers = vec![
         Tier::slo_tier("steady", 1000.0, 60.0, 1.0),
-        Tier::slo_tier("bursty", 1000.0, 60.0, 1.0),
+        Tier::slo_tier("bursty", 900.0, 70.0, 1.0),
     ];
     // Same mean rate and lengths; one tier gets its requests in every
     // other window. Far more demand than 8 GPUs serve.
@@ -198,4 +200,79 @@ fn the_fairness_floor_keeps_an_expensive_tier_served() {
     // share); the planned aim is met to within the last group handed out.
     assert!(out.plan.gpus_of_tier(0) >= 4, "{:?}", out.plan);
     assert!(served[0] >= 0.25 * 0.5 * total, "{served:?}");
+}
+
+#[test]
+fn a_pool_is_hosted_by_the_tier_that_lends_to_every_other() {
+    let stats = |a: f64, b: f64| [TierStats::new(a, 512.0, 128.0), TierStats::new(b, 2048.0, 32.0)];
+    let p = planner(
+        vec![Tier::slo_tier("chat", 300.0, 15.0, 1.0), Tier::slo_tier("agent", 600.0, 30.0, 1.0)],
+        4,
+    );
+    let e = p.estimate(&stats(10.0, 5.0)).unwrap();
+    assert_eq!(
+        sharing::pool_for(p.tiers().tiers(), &e),
+        Some(Sharing::Pooled {
+            host: 0,
+            members: vec![0, 1]
+        })
+    );
+    // One tier with demand: nothing to pool.
+    assert_eq!(sharing::pool_for(p.tiers().tiers(), &p.estimate(&stats(10.0, 0.0)).unwrap()), None);
+    // A strict tier worth more does not lend its room, so it hosts no pool.
+    let worth_more = planner(
+        vec![Tier::slo_tier("chat", 300.0, 15.0, 2.0), Tier::slo_tier("agent", 600.0, 30.0, 1.0)],
+        4,
+    );
+    assert_eq!(
+        sharing::pool_for(worth_more.tiers().tiers(), &worth_more.estimate(&stats(10.0, 5.0)).unwrap()),
+        None
+    );
+}
+
+#[test]
+fn pool_members_are_credited_their_share_of_what_the_pool_serves() {
+    let p = planner(
+        vec![Tier::slo_tier("chat", 300.0, 15.0, 1.0), Tier::slo_tier("agent", 600.0, 30.0, 1.0)],
+        4,
+    );
+    let e = p
+        .estimate(&[TierStats::new(30.0, 512.0, 128.0), TierStats::new(10.0, 2048.0, 32.0)])
+        .unwrap();
+    let pool = sharing::pool_for(p.tiers().tiers(), &e).unwrap();
+    // The host's groups serve 20 req/s of the 40 offered (steady rates): each gets half of its demand.
+    let mut caps = vec![20.0, 0.0];
+    sharing::credit_members(&mut caps, &e, &pool);
+    assert!((caps[0] - 15.0).abs() < 1e-9 && (caps[1] - 5.0).abs() < 1e-9, "{caps:?}");
+    // Per tier, nothing is pooled or moved.
+    let mut own = vec![20.0, 0.0];
+    sharing::credit_members(&mut own, &e, &Sharing::PerTier);
+    assert_eq!(own, vec![20.0, 0.0]);
+}
+
+#[test]
+fn the_proposal_is_the_better_of_per_tier_and_pooled_and_a_pooled_member_is_served() {
+    // Few GPUs, a strict tier that lends to a loose one with long prompts.
+    for (gpus, chat, agent) in [(2, 4.0, 2.0), (4, 10.0, 5.0), (4, 30.0, 15.0), (8, 40.0, 20.0)] {
+        let mut p = planner(
+            vec![Tier::slo_tier("chat", 500.0, 40.0, 1.0), Tier::slo_tier("agent", 1000.0, 60.0, 1.0)],
+            gpus,
+        );
+        let stats = [TierStats::new(chat, 512.0, 128.0), TierStats::new(agent, 2048.0, 32.0)];
+        let e = p.estimate(&stats).unwrap();
+        let basis = p.basis(&e, Sharing::PerTier);
+        let per_tier = objective(p.tiers().tiers(), &e, &p.propose_at(&e, &basis, p.tp_levels()));
+        let out = p.step(&stats).unwrap();
+        check_plan_shape(&out.plan, p.cluster());
+        assert!(
+            out.proposed_objective >= per_tier - 1e-9,
+            "{gpus} GPUs: {} < per tier {per_tier}",
+            out.proposed_objective
+        );
+        assert!(
+            out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0),
+            "{gpus} GPUs: a tier unserved: {:?}",
+            out.plan
+        );
+    }
 }

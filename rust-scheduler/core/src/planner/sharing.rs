@@ -1,0 +1,121 @@
+//! How a plan's groups serve the tiers: each tier on its own groups, or a
+//! pool of tiers on one host tier's groups.
+//!
+//! The dispatcher already lets a tier whose groups are full take room on
+//! the groups of a tier that lends to it (`Tier::lends_to`: an SLO at least
+//! as strict, a weight no higher). A plan can build on that: when one tier
+//! with demand lends to every other, giving all SLO capacity to that host,
+//! sized for everyone's merged load, avoids splitting a few GPUs into
+//! per-tier groups that each run half empty (on 4 GPUs, one TP2
+//! prefill + decode pair for both tiers instead of a pair for one and
+//! nothing that meets its SLO for the other). The planner proposes both
+//! and values them with the same objective; the commit rule picks.
+//!
+//! A pooled plan's groups belong to the host and are sized by the host's
+//! own estimate (their budgets then hold the host's SLO for whoever takes
+//! them); the greedy picks them for the merged load. Each member is
+//! credited its share of what the pool serves, so the objective, the
+//! fairness and the starvation rules see what it is served.
+
+use crate::estimator::{estimate_tier, TierEstimate};
+use crate::profile::Profile;
+use crate::rate_shape::RateShape;
+use crate::stats::TierStats;
+use crate::tiers::Tier;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sharing {
+    /// Every tier on its own groups (a full tier still borrows at dispatch).
+    PerTier,
+    /// Every tier in `members` (`host` among them) on `host`'s groups.
+    Pooled { host: usize, members: Vec<usize> },
+}
+
+/// The pool the current demand allows: the tiers with demand, hosted by
+/// one of them that lends to all the others (an SLO tier; the busiest if
+/// several could, the first of equally busy ones). `None` with fewer than
+/// two tiers with demand.
+pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
+    let members: Vec<usize> = (0..tiers.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0).collect();
+    if members.len() < 2 {
+        return None;
+    }
+    let host = members
+        .iter()
+        .copied()
+        .filter(|&h| !tiers[h].background && members.iter().all(|&m| tiers[h].lends_to(&tiers[m])))
+        .rev()
+        .max_by(|&a, &b| estimates[a].stats.arrival_rate.total_cmp(&estimates[b].stats.arrival_rate))?;
+    Some(Sharing::Pooled { host, members })
+}
+
+/// The members' load merged into one: summed rate, rate-weighted mean
+/// lengths, and the comonotone shape of the summed rate.
+pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
+    let rate: f64 = members.iter().map(|&m| estimates[m].stats.arrival_rate).sum();
+    let host = estimates[members[0]].stats;
+    if rate <= 0.0 {
+        return TierStats { arrival_rate: 0.0, ..host };
+    }
+    let mean = |f: fn(&TierStats) -> f64| {
+        members
+            .iter()
+            .map(|&m| estimates[m].stats.arrival_rate * f(&estimates[m].stats))
+            .sum::<f64>()
+            / rate
+    };
+    let shapes: Vec<(f64, RateShape)> = members
+        .iter()
+        .map(|&m| (estimates[m].stats.arrival_rate, estimates[m].stats.rate_shape))
+        .collect();
+    TierStats {
+        arrival_rate: rate,
+        mean_prompt_tokens: mean(|s| s.mean_prompt_tokens),
+        mean_output_tokens: mean(|s| s.mean_output_tokens),
+        rate_shape: RateShape::pooled(&shapes),
+    }
+}
+
+/// What the greedy and the group sizing see under `sharing`: the host's
+/// estimate made for the merged load, the other members without demand (so
+/// the greedy gives them no groups of their own).
+pub fn planning_estimates(
+    profile: &Profile,
+    tiers: &[Tier],
+    estimates: &[TierEstimate],
+    sharing: &Sharing,
+    tp_levels: &[u32],
+) -> Vec<TierEstimate> {
+    let Sharing::Pooled { host, members } = sharing else {
+        return estimates.to_vec();
+    };
+    let mut out = estimates.to_vec();
+    out[*host] = estimate_tier(profile, *host, &tiers[*host], merged_stats(estimates, members), tp_levels);
+    for &m in members.iter().filter(|&&m| m != *host) {
+        out[m].stats.arrival_rate = 0.0;
+    }
+    out
+}
+
+/// Each member's credit of the pool's capacity (the host's entry holds the
+/// whole pool on entry): the pool serves E[min(Λ, C)] of the members'
+/// summed rate, first come first served, so each member gets that in
+/// proportion to its demand; it is credited the capacity that serves as
+/// much of its own rate (`RateShape::capacity_for`), so what the objective
+/// and the fairness rules compute per tier is the pool's share.
+pub fn credit_members(capacities: &mut [f64], estimates: &[TierEstimate], sharing: &Sharing) {
+    let Sharing::Pooled { host, members } = sharing else {
+        return;
+    };
+    let pool = merged_stats(estimates, members);
+    let served = pool.served(1.0, capacities[*host]);
+    for &m in members {
+        let s = &estimates[m].stats;
+        let share = if pool.arrival_rate > 0.0 {
+            served * s.arrival_rate / pool.arrival_rate
+        } else {
+            0.0
+        };
+        capacities[m] = s.rate_shape.capacity_for(s.arrival_rate, share);
+    }
+}
