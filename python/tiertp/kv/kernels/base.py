@@ -27,7 +27,8 @@ class KVKernels(ABC):
     head to copy, counted in the pool's local heads.
 
     The contract every implementation keeps (tests/test_kv_kernels.py checks
-    the CPU ones against a naive reference):
+    the CPU ones against a naive reference, tests/test_kv_kernels_cuda.py the
+    CUDA ones where a GPU is visible):
     - copies are bitwise: values are never converted (NaN payloads survive);
     - only the pages in `page_ids` and the heads [head_start, +head_count)
       are written, nothing else of the pool or the staging tensor;
