@@ -13,6 +13,7 @@ mod placement;
 mod sharing;
 use sharing::Sharing;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -241,14 +242,14 @@ impl Planner {
     }
 
     /// What planning under `sharing` sees, worked out once per step.
-    fn basis(&self, estimates: &[TierEstimate], sharing: Sharing) -> Basis {
+    fn basis<'a>(&self, estimates: &'a [TierEstimate], sharing: Sharing) -> Basis<'a> {
         let planning = sharing::planning_estimates(&self.profile, self.tiers.tiers(), estimates, &sharing, &self.tp_levels);
         Basis { sharing, planning }
     }
 
     /// The greedy's plan under `basis`, using only the TP levels `levels`
     /// (a subset of the planner's).
-    fn propose_at(&self, estimates: &[TierEstimate], basis: &Basis, levels: &[u32]) -> Plan {
+    fn propose_at(&self, estimates: &[TierEstimate], basis: &Basis<'_>, levels: &[u32]) -> Plan {
         let restricted: Vec<TierEstimate>;
         let planning = if levels.len() < self.tp_levels.len() {
             restricted = basis
@@ -259,9 +260,9 @@ impl Planner {
                     ..e.clone()
                 })
                 .collect();
-            &restricted
+            &restricted[..]
         } else {
-            &basis.planning
+            &basis.planning[..]
         };
         let input = greedy::GreedyInput {
             tiers: self.tiers.tiers(),
@@ -341,30 +342,40 @@ impl Planner {
     /// load, and each tier credited as the groups serve it (`sharing_of`).
     /// `known`: a basis already worked out for these estimates, used when
     /// it is how the groups serve the tiers.
-    fn build_plan(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate], known: Option<&Basis>) -> Plan {
+    fn build_plan(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate], known: Option<&Basis<'_>>) -> Plan {
         let tiers = self.tiers.tiers();
         let sharing = self.sharing_of(groups, estimates);
+        // The host's estimate for the merged load (none per tier).
         let worked_out;
-        let planning = match known {
-            Some(b) if b.sharing == sharing => &b.planning,
-            _ => {
-                worked_out = self.basis(estimates, sharing.clone()).planning;
-                &worked_out
+        let merged_host = match &sharing {
+            Sharing::PerTier => None,
+            Sharing::Pooled { host, .. } => {
+                let planning = match known {
+                    Some(b) if b.sharing == sharing => &b.planning,
+                    _ => {
+                        worked_out = self.basis(estimates, sharing.clone()).planning;
+                        &worked_out
+                    }
+                };
+                Some((*host, &planning[*host]))
             }
         };
         let mut out: Vec<GroupPlan> = groups
             .iter()
             .map(|&(tier, role, tp, first_gpu)| {
                 let own = estimates[tier].at(tp).expect("planned TP levels were estimated");
-                let merged = planning[tier].at(tp).expect("planned TP levels were estimated");
-                let pooled = group_plan(&self.profile, &tiers[tier], merged, tier, role, first_gpu);
                 let mut g = group_plan(&self.profile, &tiers[tier], own, tier, role, first_gpu);
-                if g.slo_budget == 0 {
-                    // The host's own requests cannot meet its SLO here: the
-                    // group is the members', sized for their merged load.
-                    g = pooled;
+                if let Some((_, merged)) = merged_host.filter(|(host, _)| *host == tier) {
+                    let e = merged.at(tp).expect("planned TP levels were estimated");
+                    let pooled = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
+                    if g.slo_budget == 0 {
+                        // The host's own requests cannot meet its SLO here: the
+                        // group is the members', sized for their merged load.
+                        g = pooled;
+                    }
+                    g.capacity_rps = pooled.capacity_rps;
                 }
-                g.capacity_rps = pooled.capacity_rps * self.config.target_utilization;
+                g.capacity_rps *= self.config.target_utilization;
                 g
             })
             .collect();
@@ -380,9 +391,9 @@ impl Planner {
 }
 
 /// A way of sharing and the estimates planning under it sees (`sharing`).
-struct Basis {
+struct Basis<'a> {
     sharing: Sharing,
-    planning: Vec<TierEstimate>,
+    planning: Cow<'a, [TierEstimate]>,
 }
 
 fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {

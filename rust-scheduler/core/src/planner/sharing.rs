@@ -17,6 +17,8 @@
 //! credited its share of what the pool serves, so the objective, the
 //! fairness and the starvation rules see what it is served.
 
+use std::borrow::Cow;
+
 use crate::estimator::{estimate_tier, TierEstimate};
 use crate::profile::Profile;
 use crate::rate_shape::RateShape;
@@ -78,23 +80,24 @@ pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats 
 
 /// What the greedy and the group sizing see under `sharing`: the host's
 /// estimate made for the merged load, the other members without demand (so
-/// the greedy gives them no groups of their own).
-pub fn planning_estimates(
+/// the greedy gives them no groups of their own); per tier, the estimates
+/// themselves.
+pub fn planning_estimates<'a>(
     profile: &Profile,
     tiers: &[Tier],
-    estimates: &[TierEstimate],
+    estimates: &'a [TierEstimate],
     sharing: &Sharing,
     tp_levels: &[u32],
-) -> Vec<TierEstimate> {
+) -> Cow<'a, [TierEstimate]> {
     let Sharing::Pooled { host, members } = sharing else {
-        return estimates.to_vec();
+        return Cow::Borrowed(estimates);
     };
     let mut out = estimates.to_vec();
     out[*host] = estimate_tier(profile, *host, &tiers[*host], merged_stats(estimates, members), tp_levels);
     for &m in members.iter().filter(|&&m| m != *host) {
         out[m].stats.arrival_rate = 0.0;
     }
-    out
+    Cow::Owned(out)
 }
 
 /// Each member's credit of the pool's capacity (the host's entry holds the
