@@ -7,7 +7,8 @@
 //!   T_p satisfies 2·T_p ≤ TTFT (one batch of queueing plus its own run)
 //!   gives X_p = n / T_p;
 //! - decode: the largest batch B whose step time T_d(B, ctx = L_in + L_out/2)
-//!   is ≤ TPOT (and whose KV fits) gives X_d = B / (L_out · T_d);
+//!   is ≤ TPOT less the hand-off's share (`HANDOFF_WAIT_SHARE`), and whose
+//!   KV fits, gives X_d = B / (L_out · T_d);
 //! - colocated (chunked prefill): B decoding requests plus a prefill chunk of
 //!   c = ⌈B·L_in/L_out⌉ tokens per iteration; the iteration
 //!   T_d(B) + T_p(c) must be ≤ TPOT and (⌈L_in/c⌉ + 1) iterations ≤ TTFT;
@@ -23,6 +24,12 @@ use rayon::prelude::*;
 use crate::profile::Profile;
 use crate::stats::TierStats;
 use crate::tiers::{Tier, TierId};
+
+/// Share of a request's TPOT budget (TPOT × its output tokens) it may wait
+/// for a decode slot after prefill: the wait comes after the first token,
+/// so all of it is TPOT. The dispatcher waits this long at most; decode
+/// batches are sized so their steps fit in the rest.
+pub const HANDOFF_WAIT_SHARE: f64 = 0.05;
 
 /// What one TP group achieves in one role for one tier.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -213,7 +220,10 @@ fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, l_in: f64, l_out: f6
     let b_max = decode_batch_limit(profile, tp, l_in, l_out);
     let ctx = l_in + l_out / 2.0;
     let time = |b: u32| profile.decode_ms(tp, f64::from(b), ctx);
-    let ok = |b: u32| within(tpot_ms, time(b));
+    // The hand-off may hold a request up to its share of the TPOT budget;
+    // the steps get the rest.
+    let step_budget = tpot_ms.map(|t| t * (1.0 - HANDOFF_WAIT_SHARE));
+    let ok = |b: u32| within(step_budget, time(b));
     if b_max == 0 || !ok(1) {
         return StageEstimate::default();
     }

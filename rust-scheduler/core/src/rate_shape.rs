@@ -117,9 +117,12 @@ impl RateShape {
     }
 
     /// The shape of several tiers' summed rate, each given as (mean rate,
-    /// shape), taking their busy windows to coincide (comonotone: quantile
-    /// point i of the sum is the sum of the tiers' points i). That is the
-    /// cautious reading for a pool: bursts that stack need the most capacity.
+    /// shape), for tiers whose bursts are independent: the form of the
+    /// stacked quantiles (point i of the sum is the sum of the tiers' points
+    /// i), scaled to the variance of a sum of independent rates, Σ (λ·cv)².
+    /// Stacking alone takes every burst to coincide; separate traces'
+    /// bursts mostly do not, and a pool's gain is exactly that one tier's
+    /// burst fills another's lull.
     pub fn pooled(parts: &[(f64, RateShape)]) -> Self {
         let total: f64 = parts.iter().map(|(rate, _)| rate.max(0.0)).sum();
         if total <= 0.0 || parts.iter().all(|(rate, s)| s.steady || *rate <= 0.0) {
@@ -128,6 +131,13 @@ impl RateShape {
         let mut points = [0.0; POINTS];
         for (i, p) in points.iter_mut().enumerate() {
             *p = parts.iter().map(|(rate, s)| rate.max(0.0) * s.points[i]).sum::<f64>() / total;
+        }
+        let stacked_cv = Self { points, steady: false }.cv();
+        let independent_cv = parts.iter().map(|(rate, s)| (rate.max(0.0) * s.cv()).powi(2)).sum::<f64>().sqrt() / total;
+        if stacked_cv > 0.0 {
+            for p in &mut points {
+                *p = 1.0 + (*p - 1.0) * (independent_cv / stacked_cv);
+            }
         }
         Self { points, steady: false }
     }
@@ -181,6 +191,9 @@ mod tests {
         let at_mean = pool.served(40.0, 40.0);
         assert!(at_mean < 40.0 - 1.0 && at_mean > 30.0, "{at_mean}");
         assert!(RateShape::pooled(&[(5.0, RateShape::steady()), (0.0, bursty)]).is_steady());
+        // Two equal independent tiers: the sum varies by 1/sqrt(2) as much.
+        let two = RateShape::pooled(&[(10.0, bursty), (10.0, bursty)]);
+        assert!((two.cv() - bursty.cv() / 2f64.sqrt()).abs() < 1e-9, "{} {}", two.cv(), bursty.cv());
     }
 
     #[test]

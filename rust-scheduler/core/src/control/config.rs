@@ -18,10 +18,6 @@ pub struct ControlConfig {
     /// request (a chat-like turn).
     pub prior_prompt_tokens: f64,
     pub prior_output_tokens: f64,
-    /// A prefilled request waits for a decode slot at most this fraction of
-    /// its TPOT budget over the tier's mean output (TPOT × mean output
-    /// tokens): the wait comes after the first token, so all of it is TPOT.
-    pub handoff_wait_fraction: f64,
 }
 
 impl Default for ControlConfig {
@@ -33,7 +29,6 @@ impl Default for ControlConfig {
             memory_s: 30.0,
             prior_prompt_tokens: 1024.0,
             prior_output_tokens: 128.0,
-            handoff_wait_fraction: 0.05,
         }
     }
 }
@@ -54,7 +49,6 @@ impl ControlConfig {
             ("memory_s", self.memory_s, 0.0),
             ("prior_prompt_tokens", self.prior_prompt_tokens, 1.0),
             ("prior_output_tokens", self.prior_output_tokens, 1.0),
-            ("handoff_wait_fraction", self.handoff_wait_fraction, 0.0),
         ] {
             if !(v.is_finite() && v >= min) {
                 return Err(format!("{name} = {v}: must be a finite number >= {min}"));

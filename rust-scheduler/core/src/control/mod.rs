@@ -29,7 +29,7 @@ pub use config::ControlConfig;
 pub use handoff::HandoffQueue;
 
 use crate::dispatcher::{Decision, DispatchError, Dispatcher};
-use crate::estimator::TierEstimate;
+use crate::estimator::{TierEstimate, HANDOFF_WAIT_SHARE};
 use crate::live_view::LiveView;
 use crate::plan::{GpuCommand, GroupKey, Plan};
 use crate::planner::{PlanError, Planner};
@@ -317,13 +317,14 @@ impl ControlLoop {
         Ok(Handoff::Wait)
     }
 
-    /// How long a prefilled request of `tier` may wait for a decode slot.
+    /// How long a prefilled request of `tier` may wait for a decode slot:
+    /// the share of its TPOT budget the estimator keeps free for it.
     fn handoff_wait_s(&self, tier: TierId) -> f64 {
         match self.tiers.tiers()[tier].tpot_ms {
             None => f64::INFINITY,
             Some(tpot_ms) => {
                 let out = self.last_stats[tier].mean_output_tokens.max(1.0);
-                self.config.handoff_wait_fraction * tpot_ms / 1e3 * out
+                HANDOFF_WAIT_SHARE * tpot_ms / 1e3 * out
             }
         }
     }

@@ -52,7 +52,7 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
 }
 
 /// The members' load merged into one: summed rate, rate-weighted mean
-/// lengths, and the comonotone shape of the summed rate.
+/// lengths, and the shape of the summed rate (`RateShape::pooled`).
 pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
     let rate: f64 = members.iter().map(|&m| estimates[m].stats.arrival_rate).sum();
     let host = estimates[members[0]].stats;
