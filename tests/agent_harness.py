@@ -87,10 +87,11 @@ class Client:
 
 
 class AgentProcess:
-    """`tiertp worker` in its own session; `extra` are more `tiertp worker` options."""
+    """`tiertp worker` in its own session; `extra` are more `tiertp worker` options;
+    `bind`: its endpoint (default: an ipc socket in `tmp`)."""
 
-    def __init__(self, tmp: Path, model: str, devices: int = 1, extra: tuple[str, ...] = ()):
-        self.endpoint = f"ipc://{tmp}/agent.sock"
+    def __init__(self, tmp: Path, model: str, devices: int = 1, extra: tuple[str, ...] = (), bind: str | None = None):
+        self.endpoint = bind or f"ipc://{tmp}/agent.sock"
         self.log_path = tmp / "agent.log"
         with open(self.log_path, "wb") as log:
             self.popen = subprocess.Popen(

@@ -26,13 +26,17 @@ STOP_TIMEOUT_S = 60
 
 class Serve:
     """`tiertp serve` on free ports (the model and 1 device unless `args` say
-    otherwise); also used by the other tests/test_serve_*.py modules."""
+    otherwise); also used by the other tests/test_serve_*.py modules.
+    `command`: another subcommand with its own options instead of serve's
+    (e.g. `tiertp gateway`, tests/test_serve_multinode.py)."""
 
-    def __init__(self, tmp: Path, args: tuple[str, ...] = ()):
+    def __init__(self, tmp: Path, args: tuple[str, ...] = (), command: tuple[str, ...] | None = None):
         self.log_dir = tmp / "logs"
+        command = command or ("serve", "--devices", "1", "--log-dir", str(self.log_dir))
+        self.prog = f"tiertp {command[0]}"
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "tiertp.cli", "serve", "--model", MODEL, "--devices", "1", "--port", "0",
-             "--log-dir", str(self.log_dir), "--ready-timeout", str(START_TIMEOUT_S), *args],
+            [sys.executable, "-m", "tiertp.cli", *command, "--model", MODEL, "--port", "0",
+             "--ready-timeout", str(START_TIMEOUT_S), *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
             start_new_session=True)
         self.lines: list[str] = []
@@ -64,7 +68,7 @@ class Serve:
             m = re.search(r"OpenAI API at (http://\S+)", line)
             if m:
                 return m.group(1)
-        pytest.fail(f"tiertp serve did not come up (exit {self.popen.poll()}):\n{self.output()}")
+        pytest.fail(f"{self.prog} did not come up (exit {self.popen.poll()}):\n{self.output()}")
 
     def snapshot(self) -> None:
         self.descendants = psutil.Process(self.popen.pid).children(recursive=True)
@@ -97,7 +101,7 @@ class Serve:
         self.popen.wait(timeout=10)
 
     def stop_cleanly(self) -> None:
-        """SIGINT; serve must exit 0 and leave no process behind."""
+        """SIGINT; it must exit 0 and leave no process behind."""
         self.popen.send_signal(signal.SIGINT)
         try:
             rc = self.popen.wait(timeout=STOP_TIMEOUT_S)
@@ -107,9 +111,9 @@ class Serve:
             left = self.alive()
         finally:
             self.kill_everything()
-        assert rc == 0, f"tiertp serve exited with {rc}:\n{self.output()}"
+        assert rc == 0, f"{self.prog} exited with {rc}:\n{self.output()}"
         assert not left, f"left running after SIGINT: {[p.pid for p in left]}"
-        assert "tiertp serve: stopped" in "".join(self.lines)
+        assert f"{self.prog}: stopped" in "".join(self.lines)
 
 
 def started(tmp: Path, args: tuple[str, ...] = ()):

@@ -14,6 +14,8 @@ DISPATCH_CLASSES: list[str]
 # cluster given as a GPU count, and where the gateway listens.
 DEFAULT_WINDOW_S: float
 DEFAULT_GPUS_PER_NODE: int
+# The most GPUs (devices) one node, i.e. one agent, may have.
+MAX_GPUS_PER_NODE: int
 DEFAULT_GATEWAY_HOST: str
 DEFAULT_GATEWAY_PORT: int
 # Where `GatewayServer(sampling_defaults=...)` takes temperature and top_p
@@ -177,7 +179,9 @@ def bench_gateway(
 class GatewayServer:
     """The OpenAI gateway, running on its own runtime (`tiertp serve`).
 
-    `workers`: (agent endpoint, devices) per node. `profile_path`: the
+    `workers`: (agent endpoint, devices) per node, each `tcp://HOST:PORT`;
+    an agent not up at start (each is waited for up to `connect_timeout_s`)
+    joins the plan when it comes up. `profile_path`: the
     planner's profile JSON (None: the synthetic one); `tp_levels`: TP levels
     the planner may use (give the levels the workers run; None: the
     planner's default); `window_s`: the control window (None: the gateway's

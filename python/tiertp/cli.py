@@ -21,6 +21,7 @@ COMMANDS = [
     "replay",
     "worker",
     "serve",
+    "gateway",
     "fidelity",
 ]
 

@@ -46,10 +46,7 @@ class AgentConfig:
             raise ValueError(f"--devices must be >= 1, got {self.devices}")
         if self.device_kind != "cpu":
             raise ValueError(f"device kind {self.device_kind!r} is not supported by the worker yet; expected: cpu")
-        if not self.tp_levels or any(t < 1 or t & (t - 1) for t in self.tp_levels):
-            raise ValueError(f"--tp-levels must be powers of two, got {list(self.tp_levels)}")
-        if 1 not in self.tp_levels:
-            raise ValueError(f"--tp-levels must include 1 (every device starts at TP 1), got {list(self.tp_levels)}")
+        check_tp_levels(self.tp_levels)
         if max(self.tp_levels) > self.devices:
             raise ValueError(f"--tp-levels {max(self.tp_levels)} needs at least that many devices; "
                              f"--devices is {self.devices}")
@@ -67,6 +64,15 @@ class AgentConfig:
 
     def resolved_log_dir(self) -> Path:
         return self.log_dir or Path(os.environ.get("TMPDIR", "/tmp")) / f"tiertp-worker-{os.getpid()}"
+
+
+def check_tp_levels(tp_levels: tuple[int, ...]) -> None:
+    """ValueError unless the levels are powers of two including 1 (the agent's
+    and the gateway's rule; how many devices they need is each one's own)."""
+    if not tp_levels or any(t < 1 or t & (t - 1) for t in tp_levels):
+        raise ValueError(f"--tp-levels must be powers of two, got {list(tp_levels)}")
+    if 1 not in tp_levels:
+        raise ValueError(f"--tp-levels must include 1 (every device starts at TP 1), got {list(tp_levels)}")
 
 
 def check_model_fits_tp_levels(model: str, tp_levels: tuple[int, ...]) -> None:

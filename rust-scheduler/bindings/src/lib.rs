@@ -44,6 +44,7 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SIM_POLICY_SETTINGS", settings)?;
     m.add("DEFAULT_WINDOW_S", tiertp_scheduler::defaults::WINDOW_S)?;
     m.add("DEFAULT_GPUS_PER_NODE", tiertp_scheduler::defaults::GPUS_PER_NODE)?;
+    m.add("MAX_GPUS_PER_NODE", tiertp_scheduler::topology::MAX_GPUS_PER_NODE)?;
     let bind = tiertp_gateway::config::DEFAULT_BIND;
     m.add("DEFAULT_GATEWAY_HOST", bind.ip().to_string())?;
     m.add("DEFAULT_GATEWAY_PORT", bind.port())?;

@@ -25,8 +25,9 @@ fn gateway_err(e: GatewayError) -> PyErr {
     }
 }
 
-/// A running gateway. Starting connects to the worker agents and binds
-/// `host:port` (0: a free port); `shutdown()` stops accepting, lets
+/// A running gateway. Starting connects to the worker agents (each waited
+/// for up to `connect_timeout_s`; one not up by then joins the plan when it
+/// comes up) and binds `host:port` (0: a free port); `shutdown()` stops accepting, lets
 /// in-flight requests finish and stops the runtime. Options left None take
 /// the gateway's defaults (`GatewayConfig::new`). `profile_path` is the
 /// planner's profile JSON (None: the synthetic one), `tp_levels` the TP
@@ -36,8 +37,8 @@ fn gateway_err(e: GatewayError) -> PyErr {
 /// `top_p` come from when a request omits them: "model" (None: the model
 /// dir's `generation_config.json`, as SGLang and vLLM do; OpenAI's values
 /// without one) or "openai" (1.0 and 1.0). Errors: TierConfigError (tiers
-/// file), ValueError (config, profile, tokenizer, sampling defaults),
-/// OSError (bind), RuntimeError (workers unreachable).
+/// file), ValueError (config, e.g. a malformed or repeated worker endpoint;
+/// profile, tokenizer, sampling defaults), OSError (bind).
 #[pyclass(module = "tiertp._scheduler")]
 pub struct GatewayServer {
     address: String,

@@ -77,6 +77,9 @@ pub struct GatewayConfig {
     pub stats_timeout: Duration,
     /// Longest wait for a worker's next event before the request fails (504).
     pub worker_timeout: Duration,
+    /// How long one attempt to reach an agent may take; at start, one not
+    /// reached by then is dialled until it answers (its GPUs out of the plan
+    /// meanwhile), not an error.
     pub connect_timeout: Duration,
     /// Workers tried per request when workers die under it.
     pub max_attempts: u32,
@@ -114,6 +117,12 @@ impl GatewayConfig {
         if self.workers.is_empty() {
             return bad("no workers: give at least one worker endpoint".into());
         }
+        for (i, w) in self.workers.iter().enumerate() {
+            crate::worker::zmq::check_endpoint(&w.endpoint).map_err(GatewayError::Config)?;
+            if self.workers[..i].iter().any(|o| o.endpoint == w.endpoint) {
+                return bad(format!("worker {} is listed twice", w.endpoint));
+            }
+        }
         if self.model.is_empty() {
             return bad("model name is empty".into());
         }
@@ -133,5 +142,38 @@ impl GatewayConfig {
             return bad("max_attempts, default_max_tokens and max_body_bytes must be >= 1".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_workers(endpoints: &[&str]) -> GatewayConfig {
+        let tiers = TierSet::from_toml("[[tier]]\nname = \"chat\"\nttft_ms = 500\ntpot_ms = 50\n", "t").unwrap();
+        let workers = endpoints
+            .iter()
+            .map(|e| WorkerSpec {
+                endpoint: e.to_string(),
+                gpus: 1,
+            })
+            .collect();
+        GatewayConfig::new("m", TokenizerSource::Tiny, tiers, workers)
+    }
+
+    #[test]
+    fn worker_endpoints_are_tcp_and_listed_once() {
+        assert!(with_workers(&["tcp://127.0.0.1:7100", "tcp://node-b:7100", "tcp://[::1]:7100"])
+            .validate()
+            .is_ok());
+        for (endpoints, needle) in [
+            (&["tcp://node-a"][..], "expected tcp://HOST:PORT"),
+            (&["node-a:7100"][..], "expected tcp://HOST:PORT"),
+            (&["ipc:///tmp/agent.sock"][..], "over TCP only"),
+            (&["tcp://node-a:7100", "tcp://node-a:7100"][..], "tcp://node-a:7100 is listed twice"),
+        ] {
+            let e = with_workers(endpoints).validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{endpoints:?}: {e}");
+        }
     }
 }

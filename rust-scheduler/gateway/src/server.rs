@@ -104,11 +104,17 @@ impl Drop for GatewayHandle {
 }
 
 /// Connects to the configured workers and serves (see `run_gateway_with`).
+/// The workers are dialled together, each for up to `connect_timeout`; one
+/// not up by then joins when it comes up (`ZmqWorker::connect`).
 pub async fn run_gateway(config: GatewayConfig) -> Result<GatewayHandle, GatewayError> {
     config.validate()?;
+    let connects = config
+        .workers
+        .iter()
+        .map(|w| ZmqWorker::connect(&w.endpoint, config.connect_timeout));
     let mut workers: Vec<Arc<dyn WorkerClient>> = Vec::with_capacity(config.workers.len());
-    for w in &config.workers {
-        workers.push(Arc::new(ZmqWorker::connect(&w.endpoint, config.connect_timeout).await?));
+    for w in futures_util::future::join_all(connects).await {
+        workers.push(Arc::new(w?));
     }
     run_gateway_with(config, workers).await
 }

@@ -94,12 +94,6 @@ async fn no_live_worker_gives_503() {
     assert_eq!(r.json()["error"]["code"], "no_capacity");
 }
 
-/// Whether the gateway's current plan has reached a mock: the mock applied
-/// the plan id `/v1/plan` shows.
-fn reached(plan: &serde_json::Value, w: &tiertp_gateway::worker::mock::MockWorker) -> bool {
-    w.last_plan().map(|(id, _)| id) == plan["plan_id"].as_u64()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_device_leaves_the_plan_and_comes_back() {
     let two_devices = MockConfig {
@@ -189,16 +183,5 @@ async fn a_restarted_agent_is_reconnected_and_planned_again() {
     // The agent comes back on the same endpoint: reconnected, planned again,
     // and sent the current plan (it has none after its restart).
     w[0].restart().await.unwrap();
-    wait_for("the restarted agent in the plan with the current plan", || async {
-        let p = plan(addr).await;
-        (p["gpus_down"] == json!([]) && planned_gpus(&p) == vec![0, 1] && reached(&p, &w[0])).then_some(())
-    })
-    .await;
-    let before = w[0].counters().submits.load(Ordering::Relaxed);
-    let rs = futures_util::future::join_all((0..8).map(|_| post(addr, "/v1/completions", completion(2)))).await;
-    assert!(rs.iter().all(|r| r.status == StatusCode::OK));
-    assert!(
-        w[0].counters().submits.load(Ordering::Relaxed) > before,
-        "no request reached the restarted agent"
-    );
+    planned_and_served(addr, &w[0], "the restarted agent").await;
 }

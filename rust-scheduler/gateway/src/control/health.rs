@@ -192,6 +192,7 @@ impl Control {
             let down: Vec<usize> = (0..up.len()).filter(|&g| !up[g]).collect();
             match s.control.planner_note() {
                 Some(note) => log::warn!("{note}"),
+                None if down.is_empty() => log::info!("every GPU is up; planning over all {}", up.len()),
                 None => log::info!("GPUs down: {down:?}; planning over the others"),
             }
         }

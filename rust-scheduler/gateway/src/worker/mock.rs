@@ -298,6 +298,11 @@ impl MockWorker {
         &self.endpoint
     }
 
+    /// The devices it drives (its node's GPUs).
+    pub fn devices(&self) -> u32 {
+        self.config.devices
+    }
+
     pub fn counters(&self) -> &Arc<MockCounters> {
         &self.counters
     }

@@ -2,7 +2,9 @@
 //! DEALER socket per agent, written from a channel (so the request path
 //! never awaits the socket), read by routing token batches to per-request
 //! channels, and watched: when the connection drops, every pending request
-//! fails and the agent is dialled again until it is back.
+//! fails and the agent is dialled again until it is back. An agent that is
+//! not up when the gateway starts is dialled the same way, so a node may
+//! join after the gateway (its GPUs are out of the plan until then).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -192,40 +194,67 @@ impl Connection {
     }
 }
 
-/// Runs connections one after the other: when one fails, every pending
-/// request fails (`worker_died`: none may hang) and the agent is dialled
-/// again until it answers, e.g. after a restart.
-async fn supervise(shared: Arc<Shared>, mut conn: Connection, mut out_rx: mpsc::UnboundedReceiver<Vec<u8>>, timeout: Duration) {
+/// Runs connections one after the other, starting with `conn` (`None`: the
+/// agent was not reachable at start): when one fails, every pending request
+/// fails (`worker_died`: none may hang) and the agent is dialled again until
+/// it answers, e.g. after a restart or once it has started.
+async fn supervise(shared: Arc<Shared>, mut conn: Option<Connection>, mut out_rx: mpsc::UnboundedReceiver<Vec<u8>>, timeout: Duration) {
     loop {
-        let reason = conn.run(&shared, &mut out_rx).await;
-        log::warn!("worker {}: {reason}; reconnecting", shared.name);
-        shared.fail_all(&reason);
+        if let Some(c) = conn.take() {
+            let reason = c.run(&shared, &mut out_rx).await;
+            log::warn!("worker {}: {reason}; reconnecting", shared.name);
+            shared.fail_all(&reason);
+        }
         let mut wait = RECONNECT_BACKOFF.0;
-        conn = loop {
+        conn = Some(loop {
             tokio::time::sleep(wait).await;
             match Connection::open(&shared.name, timeout).await {
                 Ok(c) => break c,
                 Err(_) => wait = (wait * 2).min(RECONNECT_BACKOFF.1),
             }
-        };
+        });
         // What was queued meanwhile was meant for the agent that is gone.
         while out_rx.try_recv().is_ok() {}
         shared.fail_all("connection lost");
         shared.alive.store(true, Ordering::SeqCst);
-        log::info!("worker {}: reconnected", shared.name);
+        log::info!("worker {}: connected", shared.name);
+    }
+}
+
+/// Checks an agent endpoint's syntax: the gateway reaches agents over TCP.
+pub fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    match endpoint.parse::<zeromq::Endpoint>() {
+        Ok(zeromq::Endpoint::Tcp(..)) => Ok(()),
+        Ok(_) => Err(format!(
+            "worker endpoint {endpoint:?}: the gateway reaches agents over TCP only (tcp://HOST:PORT)"
+        )),
+        Err(e) => Err(format!("worker endpoint {endpoint:?}: {e}; expected tcp://HOST:PORT")),
     }
 }
 
 impl ZmqWorker {
-    /// Connects to an agent's ROUTER endpoint (e.g. `tcp://127.0.0.1:7100`);
-    /// the first connection must succeed within `timeout`, later ones are
-    /// retried for as long as the client lives.
+    /// Connects to an agent's ROUTER endpoint (e.g. `tcp://127.0.0.1:7100`),
+    /// waiting up to `timeout` for it. An agent not reachable by then is no
+    /// error (a node may start after the gateway): the client starts
+    /// disconnected (`is_alive` false, so its GPUs are out of the plan) and
+    /// dials it for as long as the client lives, as after a lost connection.
+    /// Only a malformed endpoint is an error.
     pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
-        let conn = Connection::open(endpoint, timeout).await?;
+        check_endpoint(endpoint).map_err(|reason| WorkerError::Connect {
+            worker: endpoint.to_string(),
+            reason,
+        })?;
+        let conn = match Connection::open(endpoint, timeout).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                log::warn!("{e}; dialling it until it answers (its GPUs are out of the plan until then)");
+                None
+            }
+        };
         let (out, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let shared = Arc::new(Shared {
             name: endpoint.to_string(),
-            alive: AtomicBool::new(true),
+            alive: AtomicBool::new(conn.is_some()),
             pending: Mutex::default(),
             plan_waiters: Mutex::default(),
             stats_waiters: Mutex::default(),

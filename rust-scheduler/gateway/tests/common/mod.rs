@@ -49,20 +49,24 @@ pub async fn start_with(mocks: &[MockConfig], adjust: impl FnOnce(&mut GatewayCo
     for m in mocks {
         workers.push(MockWorker::start(*m).await.unwrap());
     }
+    let gw = gateway_for(&workers, adjust).await;
+    (gw, workers)
+}
+
+/// The gateway over these mocks (running or not), on port 0.
+pub async fn gateway_for(workers: &[MockWorker], adjust: impl FnOnce(&mut GatewayConfig)) -> GatewayHandle {
     let specs = workers
         .iter()
-        .zip(mocks)
-        .map(|(w, m)| WorkerSpec {
+        .map(|w| WorkerSpec {
             endpoint: w.endpoint().to_string(),
-            gpus: m.devices,
+            gpus: w.devices(),
         })
         .collect();
     let mut config = GatewayConfig::new("tiny", TokenizerSource::Tiny, TierSet::from_toml(TIERS, "tiers").unwrap(), specs);
     config.bind = SocketAddr::from(([127, 0, 0, 1], 0));
     config.worker_timeout = Duration::from_secs(10);
     adjust(&mut config);
-    let gw = run_gateway(config).await.unwrap();
-    (gw, workers)
+    run_gateway(config).await.unwrap()
 }
 
 pub struct Reply {
@@ -170,4 +174,24 @@ pub fn planned_gpus(plan: &Value) -> Vec<u64> {
         .collect();
     out.sort_unstable();
     out
+}
+
+/// Whether the gateway's current plan has reached a mock: the mock applied
+/// the plan id `/v1/plan` shows.
+pub fn reached(plan: &Value, w: &MockWorker) -> bool {
+    w.last_plan().map(|(id, _)| id) == plan["plan_id"].as_u64()
+}
+
+/// Waits until every GPU of two one-GPU nodes is planned and `w` (an agent
+/// back or late) runs the plan, then checks requests reach it.
+pub async fn planned_and_served(addr: SocketAddr, w: &MockWorker, what: &str) {
+    wait_for(&format!("{what} in the plan with the current plan"), || async {
+        let p = plan(addr).await;
+        (p["gpus_down"] == json!([]) && planned_gpus(&p) == vec![0, 1] && reached(&p, w)).then_some(())
+    })
+    .await;
+    let before = w.counters().submits.load(Ordering::Relaxed);
+    let rs = futures_util::future::join_all((0..8).map(|_| post(addr, "/v1/completions", completion(2)))).await;
+    assert!(rs.iter().all(|r| r.status == StatusCode::OK));
+    assert!(w.counters().submits.load(Ordering::Relaxed) > before, "no request reached {what}");
 }
