@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in RUNNERS:
             job = {"runner": name, "model": args.model, "batches": args.batch, "prompt_len": args.prompt_len,
                    "warmup": args.warmup, "repeats": args.repeats, "max_total_tokens": args.max_total_tokens}
-            rounds[name].append(run_isolated("compare_runners:measure", job, timeout_s=900, env=_child_env()))
+            rounds[name].append(run_isolated(measure, job, timeout_s=900, env=_child_env()))
     summary = {name: {str(b): {"median_ms_per_round": [round(r[str(b)]["median_ms"], 2) for r in runs],
                                "best_median_ms": round(min(r[str(b)]["median_ms"] for r in runs), 2),
                                "min_ms": round(min(r[str(b)]["min_ms"] for r in runs), 2)}

@@ -6,13 +6,14 @@ Engines run under tiertp.engine.isolated, never in the pytest process.
 from __future__ import annotations
 
 from tiertp.engine.isolated import run_isolated
+from tiertp.engine.smoke import generate
 
 _TIMEOUT_S = 300
 
 
 def _generate(model: str, tp: int, prompts: list[str], **kw) -> list[str]:
     payload = {"model": model, "tp": tp, "device": "cpu", "prompts": prompts, **kw}
-    return run_isolated("tiertp.engine.smoke:generate", payload, timeout_s=_TIMEOUT_S)
+    return run_isolated(generate, payload, timeout_s=_TIMEOUT_S)
 
 
 def test_smollm2_tp1_answers_paris():

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from tiertp.engine.isolated import run_rank_processes
+from tiertp.engine.isolated import _importable_name, run_rank_processes
+from tiertp.engine.smoke import generate
 
 
 def test_all_ranks_succeeding_returns():
@@ -16,3 +17,10 @@ def test_all_ranks_succeeding_returns():
 def test_failed_ranks_are_named_with_their_exit_codes():
     with pytest.raises(RuntimeError, match=r"TP4 check: rank processes failed \(rank, exit code\): \[\(1, 3\), \(3, 5\)\]"):
         run_rank_processes(os._exit, [(0,), (3,), (0,), (5,)], "TP4 check")
+
+
+def test_isolated_targets_are_functions_the_child_can_import():
+    assert _importable_name(generate) == "tiertp.engine.smoke:generate"
+    for bad in (lambda payload: payload, "tiertp.engine.smoke:generate", print.__call__):
+        with pytest.raises(ValueError, match="module-level function"):
+            _importable_name(bad)

@@ -51,7 +51,7 @@ def test_request_state_checks_its_invariants():
 @pytest.mark.parametrize("kw, message", [({"tp": 0}, "TP level"), ({"tp": 2, "devices": (0, 0)}, "distinct"),
                                          ({"max_total_tokens": 8}, "max_total_tokens"),
                                          ({"prefill_chunk_tokens": 0}, "prefill_chunk_tokens"),
-                                         ({"weight_binder": "nocolon"}, "module:function"),
+                                         ({"weight_binder": "tiertp.switching.weight_binder:bind_store"}, "must be a function"),
                                          ({"device": "tpu"}, "unknown device")])
 def test_bad_instance_specs_are_rejected(kw, message):
     with pytest.raises(ValueError, match=message):

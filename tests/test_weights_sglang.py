@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tiertp.engine.isolated import run_isolated
+from tiertp.weights.verify import compare_level
 
 _TIMEOUT_S = 600
 PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 1404, 2], [9856, 28, 253, 1215, 30, 2115, 11, 923, 17, 4]]
@@ -32,7 +33,7 @@ PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 1404, 2], [9856, 28, 253, 1215, 3
 def test_store_views_match_sglang_normal_load(model, levels, tp):
     job = {"model": model, "tp": tp, "levels": levels, "prompts": PROMPTS, "decode_steps": 4,
            "max_total_tokens": 512, "dtype": "float32"}
-    r = run_isolated("tiertp.weights.verify:compare_level", job, timeout_s=_TIMEOUT_S)
+    r = run_isolated(compare_level, job, timeout_s=_TIMEOUT_S)
     assert r["store_tokens"] == r["reference_tokens"]
     assert len(r["store_tokens"]) == len(PROMPTS) and all(len(t) == 5 for t in r["store_tokens"])
     assert r["max_abs_logit_diff"] <= 1e-5 * max(1.0, r["max_abs_logit"]), r
@@ -65,7 +66,7 @@ def refuse_unknown_model(_: dict) -> str:
 
 def test_unknown_architecture_is_refused():
     tests_dir = str(Path(__file__).resolve().parent)
-    message = run_isolated("test_weights_sglang:refuse_unknown_model", {}, timeout_s=_TIMEOUT_S,
+    message = run_isolated(refuse_unknown_model, {}, timeout_s=_TIMEOUT_S,
                            env={"PYTHONPATH": tests_dir})
     assert "torch.nn.modules.linear.Linear is not supported" in message
     assert "LlamaForCausalLM" in message

@@ -4,12 +4,13 @@ Why: when one of SGLang's child processes fails, SGLang kills the whole
 process tree including the process that created the engine; and engines
 must be created under ``if __name__ == "__main__"`` because SGLang spawns.
 So callers (tests, `tiertp profile`) never start an engine in their own
-process: they call `run_isolated("pkg.module:function", payload)`, which runs
+process: they call `run_isolated(function, payload)`, which runs
 ``python -m tiertp.engine.isolated`` in a new session, passes `payload`
 (JSON) to the function, and returns its JSON result.
 
 Contract:
-- the function takes one dict and returns a JSON-serialisable value;
+- the function is a module-level one (the child imports it by its module
+  and name), takes one dict and returns a JSON-serialisable value;
 - when the call returns, raises, or times out, every process in the child's
   process group has been killed (no orphans), SGLang's included;
 - a failure raises `IsolatedRunError` carrying the tail of the child's log.
@@ -46,7 +47,7 @@ class IsolatedRunError(RuntimeError):
 
 
 def run_isolated(
-    target: str,
+    target: Callable[[dict], object],
     payload: dict,
     *,
     timeout_s: float,
@@ -55,16 +56,17 @@ def run_isolated(
     poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.5,
 ):
-    """Run `target` ("module:function") on `payload` in a fresh process group.
+    """Run `target` (a module-level function) on `payload` in a fresh process group.
 
     The child's stdout and stderr go to `log_path` (a temporary file if None).
     `env` adds to the inherited environment. `poll`, if given, is called
     about every `poll_interval_s` while the child runs (e.g. to update a
     progress bar from files the child writes).
     """
+    name = _importable_name(target)
     with tempfile.TemporaryDirectory(prefix="tiertp-isolated-") as tmp:
         tmp = Path(tmp)
-        (tmp / "payload.json").write_text(json.dumps({"target": target, "payload": payload}))
+        (tmp / "payload.json").write_text(json.dumps({"target": name, "payload": payload}))
         log = Path(log_path) if log_path else tmp / "child.log"
         child_env = {**os.environ, **(env or {})}
         # The child must import tiertp from where this process did (a source
@@ -84,15 +86,30 @@ def run_isolated(
                 rc = _wait(proc, timeout_s, poll, poll_interval_s)
             except subprocess.TimeoutExpired:
                 kill_group(proc)
-                raise IsolatedRunError(f"{target} timed out after {timeout_s:.0f} s", _tail(log)) from None
+                raise IsolatedRunError(f"{name} timed out after {timeout_s:.0f} s", _tail(log)) from None
             except BaseException:  # KeyboardInterrupt included: never leave engines behind
                 kill_group(proc)
                 raise
             kill_group(proc)  # SGLang's helpers may outlive a returned main process
         result = tmp / "result.json"
         if rc != 0 or not result.is_file():
-            raise IsolatedRunError(f"{target} failed (exit code {rc})", _tail(log))
+            raise IsolatedRunError(f"{name} failed (exit code {rc})", _tail(log))
         return json.loads(result.read_text())["result"]
+
+
+def _importable_name(fn: Callable) -> str:
+    """"module:function" by which the child imports `fn`; ValueError for a
+    function it could not import (a lambda, a nested or bound function)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not callable(fn) or not module or not qualname.isidentifier():
+        raise ValueError(f"run_isolated needs a module-level function, got {fn!r}")
+    if module == "__main__":
+        # A script's function: the child imports the script as a module
+        # (its folder must be on the child's PYTHONPATH).
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        module = spec.name if spec is not None else Path(main.__file__).stem
+    return f"{module}:{qualname}"
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float, poll, interval_s: float) -> int:

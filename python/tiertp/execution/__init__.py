@@ -69,10 +69,11 @@ stats(), close(), pids
 
 How the weight store plugs in
 -----------------------------
-`InstanceSpec.weight_binder = "module:function"` (and `weight_binder_arg`):
-in every rank, after SGLang built the model (with ``load_format="dummy"``,
-so no weight file is read) and before the first forward, tiertp calls
-``function(model_runner, tp_context, weight_binder_arg)``; the model is
+`InstanceSpec.weight_binder` (a module-level function) and
+`weight_binder_arg`: in every rank, after SGLang built the model (with
+``load_format="dummy"``, so no weight file is read) and before the first
+forward, tiertp calls ``weight_binder(model_runner, tp_context,
+weight_binder_arg)``; the model is
 ``model_runner.model``, its TP-sharded parameters are SGLang's (fused
 qkv_proj / gate_up_proj), and the binder replaces their storage with views
 of the shared full copy (tiertp.execution.loader).

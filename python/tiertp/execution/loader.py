@@ -10,24 +10,11 @@ hooks in through `InstanceSpec.weight_binder` (see tiertp.execution).
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 
 from tiertp.engine import sglang_compat
 from tiertp.execution.context import TpContext
 from tiertp.execution.spec import InstanceSpec
-
-
-def resolve_target(target: str):
-    """The function named by "module:function"; ValueError naming what is missing."""
-    module, _, name = target.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot resolve {target!r}: {e}") from e
-    if not callable(fn):
-        raise ValueError(f"{target!r} is not callable")
-    return fn
 
 
 def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
@@ -72,5 +59,5 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
         group = get_tp_group()
     ctx = TpContext(tp=spec.tp, rank=rank, device=spec.devices[rank], device_kind=spec.device, group=group)
     if spec.weight_binder is not None:
-        resolve_target(spec.weight_binder)(runner, ctx, spec.weight_binder_arg)
+        spec.weight_binder(runner, ctx, spec.weight_binder_arg)
     return runner, tokenizer, ctx

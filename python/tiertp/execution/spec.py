@@ -5,9 +5,15 @@ Every default is written once, in this dataclass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tiertp.engine import sglang_compat
+from tiertp.execution.context import TpContext
+
+# (model_runner, tp_context, weight_binder_arg) -> None
+WeightBinder = Callable[[Any, TpContext, Any], None]
 
 
 @dataclass(frozen=True)
@@ -23,9 +29,10 @@ class InstanceSpec:
     - `prefill_chunk_tokens`: most prompt tokens prefilled per iteration over
       all admitted requests (chunked prefill); None prefills every admitted
       prompt whole in its first iteration.
-    - `weight_binder`: "module:function" called in every rank process after
+    - `weight_binder`: a module-level function (it reaches the rank
+      processes pickled by reference) called in every rank process after
       SGLang built the model and before the first forward, as
-      ``function(model_runner, tp_context, weight_binder_arg)``; with a binder
+      ``weight_binder(model_runner, tp_context, weight_binder_arg)``; with a binder
       SGLang does not read weight files (``load_format="dummy"``), the binder
       provides the parameters (tiertp's shared weight store plugs in here).
     - `extra_server_args`: more SGLang ServerArgs keywords, overriding
@@ -39,7 +46,7 @@ class InstanceSpec:
     max_total_tokens: int = sglang_compat.DEFAULT_CPU_MAX_TOTAL_TOKENS
     prefill_chunk_tokens: int | None = None
     cores_per_rank: int | None = None
-    weight_binder: str | None = None
+    weight_binder: WeightBinder | None = None
     weight_binder_arg: object = None
     extra_server_args: dict = field(default_factory=dict)
     start_timeout_s: float = 600.0
@@ -56,5 +63,6 @@ class InstanceSpec:
             raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
         if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
             raise ValueError(f"prefill_chunk_tokens must be >= 1 or None, got {self.prefill_chunk_tokens}")
-        if self.weight_binder is not None and ":" not in self.weight_binder:
-            raise ValueError(f"weight_binder must be 'module:function', got {self.weight_binder!r}")
+        if self.weight_binder is not None and not callable(self.weight_binder):
+            raise ValueError(f"weight_binder must be a function (model_runner, tp_context, arg), "
+                             f"got {self.weight_binder!r}")

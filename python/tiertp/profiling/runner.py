@@ -19,6 +19,7 @@ from tiertp.profiles.models import DecoderShape
 from tiertp.profiling import provenance
 from tiertp.profiling.checkpoint import checkpoint_path, open_checkpoint, read_records
 from tiertp.profiling.grid import Grid, check_tp_fits_model, grid_for, measured_cells
+from tiertp.profiling.measure import measure_level
 from tiertp.profiling.writer import build_profile, write_validated
 from tiertp.weights.checkpoint import read_config
 
@@ -103,7 +104,7 @@ def run_profile(req: ProfileRequest, progress_bar: bool = True) -> dict:
                 "seed": req.seed,
             }
             run_isolated(
-                "tiertp.profiling.measure:measure_level",
+                measure_level,
                 job,
                 timeout_s=req.level_timeout_s,
                 log_path=log_path,

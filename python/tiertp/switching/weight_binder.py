@@ -20,8 +20,6 @@ from tiertp.execution.rank_call import RankCall
 from tiertp.execution.rank_handle import RankHandle
 from tiertp.weights import attach, bind_sglang_model, parameters_outside
 
-WEIGHT_BINDER = "tiertp.switching.weight_binder:bind_store"
-
 # Attribute under which the rank keeps its store mapping (for checks; the
 # parameter views keep the mapping alive by themselves).
 _ATTR = "tiertp_weight_store"
@@ -44,6 +42,11 @@ def bind_store(model_runner, ctx, handles) -> None:
     store = attach(handle_for(handles, ctx.device))
     stats = bind_sglang_model(model_runner.model, store, ctx.tp, ctx.rank)
     setattr(model_runner, _ATTR, (store, stats))
+
+
+# The binder tiertp's instances use (a module-level function: it reaches the
+# rank processes pickled by reference).
+WEIGHT_BINDER = bind_store
 
 
 @dataclass(frozen=True)
