@@ -20,6 +20,15 @@ def _heads_view(buf: torch.Tensor, page_size: int, head_start: int, head_count: 
     return bits.view(slots // page_size, page_size, heads, dim)[:, :, head_start:head_start + head_count]
 
 
+def _pairs(k_buffers, v_buffers, page_size: int, head_start: int, staging: torch.Tensor):
+    """(pool pages view, staging slot) per (layer, K|V), both as integer views."""
+    hc = staging.shape[4]
+    bits = staging.view(_BITS[staging.element_size()])
+    for layer, (k, v) in enumerate(zip(k_buffers, v_buffers)):
+        for kv, buf in enumerate((k, v)):
+            yield _heads_view(buf, page_size, head_start, hc), bits[layer, kv]
+
+
 class TorchKernels(KVKernels):
     """One index_select / index_copy_ per (layer, K|V): the per-page loop runs
     inside torch, so the Python cost is 2 * num_layers calls per chunk."""
@@ -28,17 +37,10 @@ class TorchKernels(KVKernels):
 
     def gather(self, k_buffers, v_buffers, page_ids, page_size, head_start, out):
         check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, out)
-        hc = out.shape[4]
-        bits = out.view(_BITS[out.element_size()])
-        for layer, (k, v) in enumerate(zip(k_buffers, v_buffers)):
-            for kv, buf in enumerate((k, v)):
-                torch.index_select(_heads_view(buf, page_size, head_start, hc), 0, page_ids,
-                                   out=bits[layer, kv])
+        for pages, staged in _pairs(k_buffers, v_buffers, page_size, head_start, out):
+            torch.index_select(pages, 0, page_ids, out=staged)
 
     def scatter(self, k_buffers, v_buffers, page_ids, page_size, head_start, src):
         check_staging(k_buffers, v_buffers, page_ids, page_size, head_start, src)
-        hc = src.shape[4]
-        bits = src.view(_BITS[src.element_size()])
-        for layer, (k, v) in enumerate(zip(k_buffers, v_buffers)):
-            for kv, buf in enumerate((k, v)):
-                _heads_view(buf, page_size, head_start, hc).index_copy_(0, page_ids, bits[layer, kv])
+        for pages, staged in _pairs(k_buffers, v_buffers, page_size, head_start, src):
+            pages.index_copy_(0, page_ids, staged)
