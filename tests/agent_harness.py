@@ -1,5 +1,6 @@
 """A node agent under test: a real `tiertp worker` process and real ZeroMQ
-DEALER clients speaking docs/worker-protocol.md (shared by the agent tests)."""
+DEALER clients speaking docs/worker-protocol.md, sealed with the agent's key
+(shared by the agent tests)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import psutil
 import pytest
 import zmq
 
 from tiertp.engine.isolated import kill_group
+from tiertp.worker.agent_client import AgentClient
+from tiertp.worker.key_file import load_key_file, write_key_file
 
 # Long enough for an engine start on a loaded 2-core machine; a guard against
 # hangs, not a timing assertion.
@@ -31,24 +33,23 @@ def _submit(rid: int, input_ids: list[int], max_tokens: int = MAX_TOKENS, **over
 
 
 class Client:
-    """A DEALER client; `recv` fails the test (with the agent's log) instead of hanging."""
+    """A client holding the agent's key; `recv` fails the test (with the agent's log) instead of hanging."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, agent: "AgentProcess"):
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
+        self.conn = AgentClient(ctx, endpoint, agent.key)
         self.agent = agent
 
     def send(self, msg: dict) -> None:
-        self.sock.send(msgspec.msgpack.encode(msg))
+        self.conn.send(msg)
 
-    def send_raw(self, *frames: bytes) -> None:
-        self.sock.send_multipart(list(frames))
+    def send_payload(self, payload: bytes) -> None:
+        """A message's bytes as they are, sealed (malformed ones included)."""
+        self.conn.send_payload(payload)
 
     def recv(self) -> dict:
-        if not self.sock.poll(RECV_TIMEOUT_S * 1000):
+        if not self.conn.poll(RECV_TIMEOUT_S * 1000):
             pytest.fail(f"no message from the agent in {RECV_TIMEOUT_S} s\n{self.agent.log_tail()}")
-        return msgspec.msgpack.decode(self.sock.recv())
+        return self.conn.recv()
 
     def request(self, msg: dict) -> dict:
         self.send(msg)
@@ -88,15 +89,22 @@ class Client:
 
 class AgentProcess:
     """`tiertp worker` in its own session; `extra` are more `tiertp worker` options;
-    `bind`: its endpoint (default: an ipc socket in `tmp`)."""
+    `bind`: its endpoint (default: an ipc socket in `tmp`); `key_file`: its
+    control-plane key (default: a new one in `tmp`), also in `key`."""
 
-    def __init__(self, tmp: Path, model: str, devices: int = 1, extra: tuple[str, ...] = (), bind: str | None = None):
+    def __init__(self, tmp: Path, model: str, devices: int = 1, extra: tuple[str, ...] = (), bind: str | None = None,
+                 key_file: Path | None = None, verbose: bool = False):
         self.endpoint = bind or f"ipc://{tmp}/agent.sock"
         self.log_path = tmp / "agent.log"
+        if key_file is None:
+            key_file = tmp / "control.key"
+            write_key_file(key_file)
+        self.key_file, self.key = key_file, load_key_file(key_file)
         with open(self.log_path, "wb") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "tiertp.cli", "worker", "--bind", self.endpoint, "--model", model,
-                 "--devices", str(devices), "--log-dir", str(tmp / "logs"), *extra],
+                [sys.executable, "-m", "tiertp.cli", *(["-v"] if verbose else []), "worker", "--bind", self.endpoint,
+                 "--model", model, "--devices", str(devices), "--log-dir", str(tmp / "logs"),
+                 "--key-file", str(key_file), *extra],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.log_dir = tmp / "logs"
 
@@ -134,5 +142,5 @@ def client(agent):
     ctx = zmq.Context()
     c = Client(ctx, agent.endpoint, agent)
     yield c
-    c.sock.close()
+    c.conn.close()
     ctx.term()

@@ -7,6 +7,7 @@ validation, the profile's levels, what profile, serve and the simulator get."""
 from __future__ import annotations
 
 import json
+import os
 import types
 
 import pytest
@@ -17,6 +18,7 @@ from tiertp.fidelity.sim_profile import sim_profile_doc
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.workload import TierRule
+from tiertp.worker.key_file import load_key_file
 
 
 def profile_doc(extra_tp: bool = False) -> dict:
@@ -176,9 +178,12 @@ def test_serve_process_is_started_with_the_tp_levels_and_a_known_agent_port(monk
     cmd = sp.cmd
     assert cmd[cmd.index("--tp-levels") + 1] == "1,2" and cmd[cmd.index("--worker-port") + 1] == "7123"
     assert sp.agent_endpoint == "tcp://127.0.0.1:7123"
+    # The agent's key, to ask it: written where serve reads it, owner-only.
+    key_file = cmd[cmd.index("--key-file") + 1]
+    assert load_key_file(key_file).raw == sp.agent_key.raw and os.stat(key_file).st_mode & 0o777 == 0o600
     sp.stop()
     plain = serve_process.ServeProcess("smollm2-135m", 2, tmp_path / "tiers.toml", tmp_path / "logs2")
-    assert "--tp-levels" not in plain.cmd and plain.agent_endpoint is None
+    assert "--tp-levels" not in plain.cmd and "--key-file" not in plain.cmd and plain.agent_endpoint is None
     plain.stop()
 
 
@@ -262,22 +267,26 @@ def test_agent_moves_asks_the_agent_for_its_counters():
 
     from tiertp.fidelity.moves import agent_moves, moves_delta
     from tiertp.worker import protocol as P
+    from tiertp.worker.gate import Gate
+    from tiertp.worker.seal import ControlKey
 
+    key = ControlKey.generate()
+    gate = Gate(key)  # the agent's
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
 
     def answer():
         client, frame = router.recv_multipart()
-        assert P.decode(frame)["type"] == P.STATS
-        router.send_multipart([client, P.encode({"type": P.STATS, "devices": [], "plan_id": 3, "processes": [],
-                                                  "moves": {"switches": 2, "rolled_back": 0, "hand_offs": 5,
-                                                            "handed_off_requests": 5}})])
+        assert P.decode(gate.open(client, [frame], "the test"))["type"] == P.STATS
+        router.send_multipart([client, gate.seal(client, P.encode({
+            "type": P.STATS, "devices": [], "plan_id": 3, "processes": [],
+            "moves": {"switches": 2, "rolled_back": 0, "hand_offs": 5, "handed_off_requests": 5}}))])
 
     t = threading.Thread(target=answer)
     t.start()
     try:
-        got = agent_moves(f"tcp://127.0.0.1:{port}", timeout_s=5)
+        got = agent_moves(f"tcp://127.0.0.1:{port}", key, timeout_s=5)
     finally:
         t.join(5)
         router.close(0)

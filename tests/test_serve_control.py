@@ -5,14 +5,12 @@ and a plan the control loop decides reaches the real node agent as
 
 One serve (tiny-llama, one device, a short control window, a profile file
 given with --profile), started once for the module; the agent's ZeroMQ port
-is chosen here so the test can ask the agent directly.
+and control-plane key are chosen here so the test can ask the agent directly.
 """
 
 from __future__ import annotations
 
-import socket
 import time
-from contextlib import closing
 
 import httpx
 import openai
@@ -20,7 +18,9 @@ import pytest
 from test_serve_openai import MODEL, started
 
 from tiertp.profiles import resolve
+from tiertp.worker.key_file import load_key_file, write_key_file
 from tiertp.worker.stats_query import ask_stats
+from tiertp.ports import free_port
 
 TIERS = """
 [[tier]]
@@ -47,25 +47,23 @@ KEYS = {"chat": "sk-chat", "agent": "sk-agent"}
 WAIT_S = 120
 
 
-def _free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def started_with_tiers(tmp, tiers_text: str, args: tuple[str, ...] = ()):
     """A generator for module fixtures: `started` with this tier file, the
-    H100 Llama-3.1-8B profile, a 0.25 s window and the agent on a port
-    chosen here (`serve.agent_endpoint`, for `agent_stats`)."""
+    H100 Llama-3.1-8B profile, a 0.25 s window and the agent on a port and
+    with a key chosen here (`serve.agent_endpoint`, `serve.agent_key`, for `agent_stats`)."""
     tiers = tmp / "tiers.toml"
     tiers.write_text(tiers_text)
-    port = _free_port()
+    key_file = tmp / "control.key"
+    write_key_file(key_file)
+    port = free_port()
     profile = resolve("h100", "llama-3.1-8b")
     s = started(tmp, ("--tiers", str(tiers), "--window", "0.25", "--worker-port", str(port),
-                      "--profile", str(profile), *args))
+                      "--profile", str(profile), "--key-file", str(key_file), *args))
     serve = next(s)
     assert f"profile {profile}" in "".join(serve.lines)
-    serve.agent_endpoint = f"tcp://127.0.0.1:{port}"
+    serve.agent_endpoint, serve.agent_key = f"tcp://127.0.0.1:{port}", load_key_file(key_file)
     yield serve
     next(s, None)
 
@@ -79,9 +77,9 @@ def client(serve, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=serve.url, api_key=key, max_retries=0, timeout=60)
 
 
-def agent_stats(endpoint: str) -> dict:
-    """The agent's `stats`, asked over the worker protocol as any client may."""
-    return ask_stats(endpoint, timeout_s=30.0)
+def agent_stats(serve) -> dict:
+    """The agent's `stats`, asked over the worker protocol as any client holding its key may."""
+    return ask_stats(serve.agent_endpoint, serve.agent_key, timeout_s=30.0)
 
 
 def gateway_plan(serve) -> dict:
@@ -94,7 +92,7 @@ def test_a_planned_tier_change_reaches_the_agent(serve):
     plan = gateway_plan(serve)
     assert [g["first_gpu"] for g in plan["groups"]] == [0]
     first = plan["groups"][0]["tier"]
-    stats = agent_stats(serve.agent_endpoint)
+    stats = agent_stats(serve)
     assert stats["plan_id"] == plan["plan_id"] == plan["workers"][0]["applied_plan_id"]
     assert stats["devices"][0]["tier"] == first
     # Load only on the other SLO tier: the control loop moves the device to it
@@ -110,7 +108,7 @@ def test_a_planned_tier_change_reaches_the_agent(serve):
             break
         assert time.monotonic() < deadline, f"the plan never moved the device to {other}: {plan}"
         time.sleep(0.3)
-    stats = agent_stats(serve.agent_endpoint)
+    stats = agent_stats(serve)
     assert stats["plan_id"] >= plan["plan_id"] > 1
     device = stats["devices"][0]
     assert device["tier"] == other

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
-from contextlib import closing
 from dataclasses import dataclass
 
 import httpx
@@ -28,7 +26,9 @@ import pytest
 from agent_harness import AgentProcess, stop_agent
 from test_serve_openai import MODEL, Serve
 
+from tiertp.worker.key_file import write_key_file
 from tiertp.worker.stats_query import StatsUnanswered, ask_stats
+from tiertp.ports import free_port
 
 TIERS = """
 [[tier]]
@@ -48,19 +48,16 @@ REQUEST_S = 60
 PLAN_S = 30
 
 
-def _free_port() -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Node:
-    """One node: an agent on its own port, restartable on that port."""
+    """One node: an agent on its own port, restartable on that port, holding the cluster's key."""
 
-    def __init__(self, tmp, name: str):
+    def __init__(self, tmp, name: str, key_file):
         self.tmp = tmp
+        self.key_file = key_file
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.starts = 0
         self.agent: AgentProcess | None = None
@@ -69,7 +66,7 @@ class Node:
         self.starts += 1
         run_dir = self.tmp / f"{self.name}-{self.starts}"
         run_dir.mkdir()
-        self.agent = AgentProcess(run_dir, MODEL, devices=1, bind=f"tcp://0.0.0.0:{self.port}")
+        self.agent = AgentProcess(run_dir, MODEL, devices=1, bind=f"tcp://0.0.0.0:{self.port}", key_file=self.key_file)
 
     def crash(self) -> None:
         """SIGKILL to the agent's process group: no goodbye to the gateway."""
@@ -79,7 +76,7 @@ class Node:
     def running(self) -> int:
         """Requests running on the agent's device (0 if it does not answer)."""
         try:
-            return sum(d["running"] for d in ask_stats(self.endpoint, timeout_s=2.0)["devices"])
+            return sum(d["running"] for d in ask_stats(self.endpoint, self.agent.key, timeout_s=2.0)["devices"])
         except StatsUnanswered:
             return 0
 
@@ -165,12 +162,15 @@ def serving_both(p: dict) -> bool:
 def cluster(tmp_path):
     """Two nodes and `tiertp gateway` over both, with only the first node's
     agent started (the gateway starts once it is ready)."""
-    nodes = [Node(tmp_path, "node-a"), Node(tmp_path, "node-b")]
+    key_file = tmp_path / "control.key"
+    write_key_file(key_file)
+    nodes = [Node(tmp_path, "node-a", key_file), Node(tmp_path, "node-b", key_file)]
     nodes[0].start()
     tiers = tmp_path / "tiers.toml"
     tiers.write_text(TIERS)
     workers = [a for n in nodes for a in ("--worker", f"{n.endpoint}=1")]
-    gateway = Serve(tmp_path, ("--tiers", str(tiers), "--window", "0.25", *workers), command=("gateway",))
+    gateway = Serve(tmp_path, ("--tiers", str(tiers), "--window", "0.25", "--key-file", str(key_file), *workers),
+                    command=("gateway",))
     try:
         gateway.url = gateway.wait_url()
         yield gateway, nodes

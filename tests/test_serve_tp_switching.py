@@ -44,7 +44,7 @@ def _complete(c: openai.OpenAI) -> str:
 
 
 def test_the_plan_merges_two_devices_into_tp2_decode_and_output_is_unchanged(serve):
-    stats = agent_stats(serve.agent_endpoint)
+    stats = agent_stats(serve)
     # A warm process per aligned group at each level, all ready before serve printed its URL.
     assert sorted(p["tp_group"] for p in stats["processes"]) == [[0, 1], [0, 2], [1, 1], [2, 1]]
     assert all(p["state"] == "ready" for p in stats["processes"])
@@ -62,7 +62,7 @@ def test_the_plan_merges_two_devices_into_tp2_decode_and_output_is_unchanged(ser
     # Requests now prefill on device 2 (TP1) and decode on devices 0-1 (TP2).
     for _ in range(2):
         texts.append(_complete(c))
-    stats = agent_stats(serve.agent_endpoint)
+    stats = agent_stats(serve)
     assert {(tuple(d["tp_group"]), d["role"]) for d in stats["devices"]} == {((0, 2), "decode"),
                                                                               ((2, 1), "prefill")}
     moves = stats["moves"]

@@ -23,6 +23,7 @@ from tiertp.worker.executor import ExecutionLoop
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.process import READY, STARTING
 from tiertp.worker.runner import ModelLimits, StepOutput, StepRunner
+from tiertp.worker.seal import ControlKey
 
 CLIENT = b"client"
 MAX_TOKENS = 3
@@ -125,7 +126,8 @@ class _Process:
 def node(tmp_path):
     """An agent (no processes started) whose one device's process is a `_Process` with one batch slot;
     `sent` collects what the agent sends its client."""
-    agent = Agent(AgentConfig(bind=f"ipc://{tmp_path}/agent.sock", log_dir=tmp_path / "logs"))
+    agent = Agent(AgentConfig(bind=f"ipc://{tmp_path}/agent.sock", log_dir=tmp_path / "logs",
+                              key=ControlKey.generate()))
     sent: list[dict] = []
     agent._to_client = lambda _client, msg: sent.append(msg)
     proc = _Process(agent, batch_cap=1)

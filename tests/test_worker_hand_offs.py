@@ -21,6 +21,7 @@ from tiertp.worker.config import AgentConfig
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.process import READY, STARTING
 from tiertp.worker.runner import ModelLimits
+from tiertp.worker.seal import ControlKey
 from tiertp.worker.switcher import ChangeFailed
 
 CLIENT = b"gateway"
@@ -65,7 +66,8 @@ class _Switcher:
 def node(tmp_path):
     """The agent with its plan applied, a stand-in process and instance per group, and `sent`:
     what it sends its client."""
-    agent = Agent(AgentConfig(bind=f"ipc://{tmp_path}/agent.sock", devices=3, log_dir=tmp_path / "logs"))
+    agent = Agent(AgentConfig(bind=f"ipc://{tmp_path}/agent.sock", devices=3, log_dir=tmp_path / "logs",
+                              key=ControlKey.generate()))
     sent: list[dict] = []
     agent._to_client = lambda _client, msg: sent.append(msg)
     for g in (PREFILL, DECODE_A, DECODE_B):

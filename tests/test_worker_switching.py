@@ -20,6 +20,7 @@ import pytest
 from agent_harness import AgentProcess, Client, _submit, client, stop_agent
 
 from tiertp.engine.isolated import run_isolated
+from tiertp.worker.reference import generate_ids
 
 MODEL = "tiny-llama"
 KV_TOKENS = 192  # per process: two 100-token requests fit in TP1 each, not together in TP2
@@ -32,9 +33,9 @@ LONG_MAX = 90
 @pytest.fixture(scope="module")
 def reference():
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    short = pool.submit(run_isolated, "tiertp.worker.reference:generate_ids",
+    short = pool.submit(run_isolated, generate_ids,
                         {"model": MODEL, "input_ids": SHORT, "max_tokens": SHORT_MAX}, timeout_s=300)
-    long = pool.submit(run_isolated, "tiertp.worker.reference:generate_ids",
+    long = pool.submit(run_isolated, generate_ids,
                        {"model": MODEL, "input_ids": LONG, "max_tokens": LONG_MAX}, timeout_s=300)
     yield {"short": short, "long": long}
     pool.shutdown(wait=True)

@@ -181,7 +181,9 @@ class GatewayServer:
 
     `workers`: (agent endpoint, devices) per node, each `tcp://HOST:PORT`;
     an agent not up at start (each is waited for up to `connect_timeout_s`)
-    joins the plan when it comes up. `profile_path`: the
+    joins the plan when it comes up. `control_key`: the agents' 32-byte
+    control-plane key (`tiertp keys`); every frame to and from them is
+    sealed under it (another length: ValueError). `profile_path`: the
     planner's profile JSON (None: the synthetic one); `tp_levels`: TP levels
     the planner may use (give the levels the workers run; None: the
     planner's default); `window_s`: the control window (None: the gateway's
@@ -200,6 +202,7 @@ class GatewayServer:
         model: str,
         model_dir: str,
         workers: list[tuple[str, int]],
+        control_key: bytes,
         host: str | None = None,
         port: int | None = None,
         threads: int = 2,
@@ -214,6 +217,24 @@ class GatewayServer:
     def address(self) -> str: ...
     @property
     def running(self) -> bool: ...
+    def shutdown(self, timeout_s: float = 10.0) -> None: ...
+
+class MockGateway:
+    """The gateway over `workers` mock agents on loopback, for tests that
+    need a live gateway but no model: the agents echo the prompt's token ids
+    as the output, the tokenizer is a tiny word-level one, and the one tier's
+    key is `api_key`. `max_model_len`: the context length the agents report
+    (None: none, so the gateway checks no context length). Starting failures
+    raise RuntimeError; `shutdown()` stops the gateway and its agents.
+    """
+
+    def __init__(self, workers: int = 1, max_model_len: int | None = None, threads: int = 2) -> None: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def api_key(self) -> str: ...
+    @property
+    def model(self) -> str: ...
     def shutdown(self, timeout_s: float = 10.0) -> None: ...
 
 # The simulator's policies (the one list), and the settings each reads

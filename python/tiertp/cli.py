@@ -22,6 +22,7 @@ COMMANDS = [
     "worker",
     "serve",
     "gateway",
+    "keys",
     "fidelity",
 ]
 

@@ -11,7 +11,9 @@ prints the URL and each tier's key, serves until SIGINT (Ctrl-C) or SIGTERM.
 An agent that is not up yet, or goes away, is out of the plan (requests it
 held are re-dispatched if they had no token yet, else fail naming the lost
 worker) and joins again when it answers. The agents run the same model and
-TP levels as given here; `tiertp serve` is the one-machine shortcut.
+TP levels as given here, and hold the same control-plane key (--key-file,
+required: `tiertp keys FILE` makes one); `tiertp serve` is the one-machine
+shortcut.
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tiertp.commands.cluster_spec import WorkerEntry, cluster_workers, parse_worker
 from tiertp.commands.gateway_options import ServeInputError, add_gateway_options, gateway_settings
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
 from tiertp.worker.config import check_tp_levels
+
+if TYPE_CHECKING:
+    from tiertp.worker.seal import ControlKey
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +58,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "powers of two including 1, a group never larger than its node; default: 1)")
     p.add_argument("--ready-timeout", type=float, default=600.0,
                    help="seconds to wait for the first agent with a device ready (default 600)")
+    p.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                   help="the control-plane key the agents hold (required; `tiertp keys FILE` makes one): every "
+                        "frame to and from them is sealed under it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tiertp.worker.key_file import load_key_file
+
+    if args.key_file is None:
+        raise ServeInputError("--key-file is required: the agents hear only a gateway holding their control-plane "
+                              "key (the file given to `tiertp worker --key-file`; `tiertp keys FILE` makes one)")
+    key = load_key_file(args.key_file)
     try:
         nodes = cluster_workers(args.cluster, args.worker)
         check_tp_levels(tuple(args.tp_levels))
@@ -69,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
     devices = sum(n.devices for n in nodes)
     with stop_on_signals() as stop:
         try:
-            wait_for_agents(nodes, args.ready_timeout, stop)
-            return serve_gateway("tiertp gateway", settings, [(n.endpoint, n.devices) for n in nodes],
+            wait_for_agents(nodes, key, args.ready_timeout, stop)
+            return serve_gateway("tiertp gateway", settings, [(n.endpoint, n.devices) for n in nodes], key,
                                  f"{devices} device(s) on {len(nodes)} node(s)", stop, connect_timeout_s=_CONNECT_S)
         except KeyboardInterrupt:
             log.info("interrupted: shutting down")
@@ -79,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             print("tiertp gateway: stopped", flush=True)
 
 
-def wait_for_agents(nodes: list[WorkerEntry], timeout_s: float, stop: Stop) -> None:
+def wait_for_agents(nodes: list[WorkerEntry], key: ControlKey, timeout_s: float, stop: Stop) -> None:
     """Polls every agent's `stats` until one has a device ready; TimeoutError
     naming each agent's state after `timeout_s`. An agent that answers with
     another device count than its entry is an error: the plan would name
@@ -88,7 +103,7 @@ def wait_for_agents(nodes: list[WorkerEntry], timeout_s: float, stop: Stop) -> N
 
     def poll(node: WorkerEntry) -> dict | None:
         try:
-            return ask_stats(node.endpoint, timeout_s=_POLL_S)
+            return ask_stats(node.endpoint, key, timeout_s=_POLL_S)
         except StatsUnanswered:
             return None
 
@@ -119,6 +134,6 @@ def wait_for_agents(nodes: list[WorkerEntry], timeout_s: float, stop: Stop) -> N
 
 def _state(stats: dict | None) -> str:
     if stats is None:
-        return "not answering"
+        return "not answering: not up, or holding another key"
     states = sorted({d.get("state", "ready") for d in stats["devices"]})
     return "ready" if "ready" in states else f"no device ready ({', '.join(states)})"

@@ -8,9 +8,13 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from tiertp.commands.banner import banner
 from tiertp.commands.gateway_options import GatewaySettings, ServeInputError
+
+if TYPE_CHECKING:
+    from tiertp.worker.seal import ControlKey
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +47,11 @@ def stop_on_signals() -> Iterator[Stop]:
             signal.signal(s, h)
 
 
-def serve_gateway(prog: str, settings: GatewaySettings, workers: list[tuple[str, int]], devices: str, stop: Stop,
-                  check: Callable[[], str | None] = lambda: None, connect_timeout_s: float | None = None) -> int:
-    """Starts the gateway over `workers` ((agent endpoint, devices) per node;
-    each waited for up to `connect_timeout_s`, None: the gateway's default),
+def serve_gateway(prog: str, settings: GatewaySettings, workers: list[tuple[str, int]], key: ControlKey,
+                  devices: str, stop: Stop, check: Callable[[], str | None] = lambda: None,
+                  connect_timeout_s: float | None = None) -> int:
+    """Starts the gateway over `workers` ((agent endpoint, devices) per node,
+    holding `key`; each waited for up to `connect_timeout_s`, None: the gateway's default),
     prints the banner (`devices`: what it plans over, in words), serves until
     a signal (0) or until `check` names a reason to stop (1), then shuts the
     gateway down."""
@@ -54,7 +59,7 @@ def serve_gateway(prog: str, settings: GatewaySettings, workers: list[tuple[str,
 
     try:
         gateway = _scheduler.GatewayServer(
-            str(settings.tiers_path), settings.model, str(settings.model_dir), workers, host=settings.host,
+            str(settings.tiers_path), settings.model, str(settings.model_dir), workers, key.raw, host=settings.host,
             port=settings.port, profile_path=settings.profile_path, tp_levels=settings.tp_levels,
             window_s=settings.window, sampling_defaults=settings.sampling_defaults,
             connect_timeout_s=connect_timeout_s)

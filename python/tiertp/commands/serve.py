@@ -12,6 +12,10 @@ key and how to call it (curl, openai SDK), serves until SIGINT (Ctrl-C) or
 SIGTERM, then stops the gateway, the agent and every execution process. With
 no options it serves SmolLM2-135M with the embedded tiers on
 http://127.0.0.1:8000. Agents on other machines: `tiertp gateway`.
+
+The agent hears only the gateway: serve writes a fresh control-plane key to
+its private temporary directory (mode 0700) and gives it to both (--key-file
+names one to use instead, e.g. to ask the agent for its stats meanwhile).
 """
 
 from __future__ import annotations
@@ -20,18 +24,21 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import closing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tiertp.commands.banner import first_tier
 from tiertp.commands.gateway_options import ServeInputError, add_gateway_options, gateway_settings
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
 from tiertp.worker.config import AgentConfig
+from tiertp.ports import free_port
+
+if TYPE_CHECKING:
+    from tiertp.worker.seal import ControlKey
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +57,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=float, default=600.0,
                    help="seconds to wait for the agent and its engines (default 600)")
     p.add_argument("--log-dir", type=Path, default=None, help="execution process logs (default: a temp dir)")
+    p.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                   help="the control-plane key the agent and the gateway share (default: a fresh one in a private "
+                        "temp dir); give one to talk to the agent yourself (`tiertp keys FILE` makes one)")
     p.set_defaults(func=run)
 
 
-def _free_port(host: str) -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class Agent:
     """The `tiertp worker` subprocess (own session) and its execution processes."""
 
-    def __init__(self, model: str, devices: int, tp_levels: list[int], endpoint: str, log_dir: Path):
+    def __init__(self, model: str, devices: int, tp_levels: list[int], endpoint: str, log_dir: Path,
+                 key_file: Path, key: ControlKey):
         self.endpoint = endpoint
         self.log_dir = log_dir
+        self.key = key
         cmd = [sys.executable, "-m", "tiertp.cli", "worker", "--bind", endpoint, "--model", model,
-               "--devices", str(devices), "--tp-levels", ",".join(map(str, tp_levels)), "--log-dir", str(log_dir)]
+               "--devices", str(devices), "--tp-levels", ",".join(map(str, tp_levels)), "--log-dir", str(log_dir),
+               "--key-file", str(key_file)]
         log.info("starting the agent: %s", " ".join(cmd))
         self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -76,12 +85,11 @@ class Agent:
         import zmq
 
         from tiertp.worker import protocol as P
+        from tiertp.worker.agent_client import AgentClient
 
         deadline = time.monotonic() + timeout_s
         ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
+        conn = AgentClient(ctx, self.endpoint, self.key)
         try:
             def recv_until(pred, what: str) -> dict:
                 while True:
@@ -92,21 +100,21 @@ class Agent:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise RuntimeError(f"timed out after {timeout_s:.0f}s {what} (--ready-timeout)")
-                    if sock.poll(int(min(left, 0.5) * 1000)):
-                        msg = P.decode(sock.recv())
+                    if conn.poll(int(min(left, 0.5) * 1000)):
+                        msg = conn.recv()
                         if pred(msg):
                             return msg
                     elif what.startswith("waiting for the agent"):
-                        sock.send(P.encode({"type": P.PING}))
+                        conn.send({"type": P.PING})
 
-            sock.send(P.encode({"type": P.PING}))
+            conn.send({"type": P.PING})
             recv_until(lambda m: m["type"] == P.PONG, "waiting for the agent to answer a ping")
             log.info("agent is up; warming up %d device(s) (engine start may take a minute)", devices)
             for d in range(devices):
-                sock.send(P.encode({"type": P.SUBMIT, "id": d + 1, "tier": tier, "input_ids": [1, 2, 3],
-                                    "sampling": {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0,
-                                                 "seed": None, "stop_token_ids": []},
-                                    "class": "best_effort", "group": [d, 1]}))
+                conn.send({"type": P.SUBMIT, "id": d + 1, "tier": tier, "input_ids": [1, 2, 3],
+                           "sampling": {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0,
+                                        "seed": None, "stop_token_ids": []},
+                           "class": "best_effort", "group": [d, 1]})
             done: set[int] = set()
             while len(done) < devices:
                 m = recv_until(lambda m: m["type"] in (P.TOKENS, P.ERROR), "waiting for the engines to start")
@@ -117,7 +125,7 @@ class Agent:
             # With several TP levels the other levels' processes start beside
             # the TP1 ones; a plan into one still starting would be refused.
             while True:
-                sock.send(P.encode({"type": P.STATS}))
+                conn.send({"type": P.STATS})
                 m = recv_until(lambda m: m["type"] == P.STATS, "waiting for every TP level's process to start")
                 starting = [p["tp_group"] for p in m.get("processes", []) if p["state"] != "ready"]
                 if not starting:
@@ -125,7 +133,7 @@ class Agent:
                 if stop.event.wait(0.5):
                     raise KeyboardInterrupt
         finally:
-            sock.close(0)
+            conn.close()
             ctx.term()
 
     def exited(self) -> str | None:
@@ -193,20 +201,27 @@ def run(args: argparse.Namespace) -> int:
         raise ServeInputError(str(e)) from None
     settings = gateway_settings(args)
 
-    worker_port = args.worker_port or _free_port("127.0.0.1")
+    from tiertp.worker.key_file import load_key_file, write_key_file
+
+    key_file = args.key_file
+    if key_file is not None:
+        load_key_file(key_file)  # a bad one is an error before anything starts
+    worker_port = args.worker_port or free_port("127.0.0.1")
     endpoint = f"tcp://127.0.0.1:{worker_port}"
-    tmp = None
-    log_dir = args.log_dir
-    if log_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="tiertp-serve-", ignore_cleanup_errors=True)
-        log_dir = Path(tmp.name) / "logs"
+    # Private to this user (mode 0700): the logs unless --log-dir, the key unless --key-file.
+    tmp = tempfile.TemporaryDirectory(prefix="tiertp-serve-", ignore_cleanup_errors=True)
+    log_dir = args.log_dir or Path(tmp.name) / "logs"
+    if key_file is None:
+        key_file = Path(tmp.name) / "control.key"
+        write_key_file(key_file)
+    key = load_key_file(key_file)
 
     with stop_on_signals() as stop:
         agent = None
         try:
-            agent = Agent(args.model, args.devices, settings.tp_levels, endpoint, log_dir)
+            agent = Agent(args.model, args.devices, settings.tp_levels, endpoint, log_dir, key_file, key)
             agent.wait_ready(first_tier(settings.tiers_path), args.devices, args.ready_timeout, stop)
-            return serve_gateway("tiertp serve", settings, [(endpoint, args.devices)],
+            return serve_gateway("tiertp serve", settings, [(endpoint, args.devices)], key,
                                  f"{args.devices} CPU device(s)", stop, check=agent.exited)
         except KeyboardInterrupt:
             log.info("interrupted: shutting down")
@@ -214,6 +229,5 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if agent is not None:
                 agent.stop()
-            if tmp is not None:
-                tmp.cleanup()
+            tmp.cleanup()
             print("tiertp serve: stopped", flush=True)

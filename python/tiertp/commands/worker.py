@@ -5,6 +5,10 @@ group at every candidate TP level (SGLang on CPU: N logical devices; with
 several levels a device's processes share one weight copy), serves
 submit/cancel/apply_plan/stats/ping until SIGINT or SIGTERM (a plan that
 changes TP groups is a TP switch), then stops every process it started.
+
+It hears only clients holding its control-plane key (--key-file, required,
+on every bind: `tiertp keys FILE` makes one; give the gateway the same file):
+anyone else gets no reply at all and is logged.
 """
 
 from __future__ import annotations
@@ -44,17 +48,25 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU cores each logical device owns, device d on core group d "
                         "(default: the machine's cores split over the devices)")
     p.add_argument("--log-dir", type=Path, default=None, help="execution process logs (default: a temp dir)")
+    p.add_argument("--key-file", type=Path, default=None, metavar="FILE",
+                   help="the control-plane key (required; `tiertp keys FILE` makes one, the gateway is given the "
+                        "same file): the agent hears only clients holding it")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tiertp.engine.models import resolve_model
     from tiertp.worker.agent import serve
+    from tiertp.worker.key_file import load_key_file
 
+    if args.key_file is None:
+        raise ValueError("--key-file is required: the agent hears only clients holding its control-plane key "
+                         "(`tiertp keys FILE` makes one; give the gateway the same file)")
+    key = load_key_file(args.key_file)
     # Fail here, naming the valid models, rather than in every execution process start.
     resolve_model(args.model)
     cfg = AgentConfig(model=args.model, bind=args.bind, devices=args.devices, tp_levels=args.tp_levels,
                       max_total_tokens=args.max_total_tokens, batch_cap=args.batch_cap, log_dir=args.log_dir,
-                      cores_per_device=args.cores_per_device)
+                      cores_per_device=args.cores_per_device, key=key)
     serve(cfg)
     return 0

@@ -1,7 +1,7 @@
 """Greedy generation through a real SGLang engine: a check that an engine works.
 
 `generate` is meant to run under tiertp.engine.isolated.run_isolated
-(target "tiertp.engine.smoke:generate"), which keeps engine processes out
+(`run_isolated(generate, ...)`), which keeps engine processes out
 of the caller's process.
 """
 

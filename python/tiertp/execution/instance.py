@@ -16,7 +16,6 @@ raises InstanceFailed naming the rank and its exit code.
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import time
 
 from tiertp.engine.models import resolve_model
@@ -28,6 +27,7 @@ from tiertp.execution.rank_call import RankCall
 from tiertp.execution.records import (InstanceInfo, InstanceStats, NewRequest, RequestId, RequestState,
                                       TokenOut)
 from tiertp.execution.spec import InstanceSpec
+from tiertp.ports import free_port
 
 _POLL_S = 0.1
 _CLOSE_GRACE_S = 10.0
@@ -46,10 +46,6 @@ class RankCallFailed(ExecutionError):
         return (type(self), (self.target, self.errors))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Pending:
@@ -86,7 +82,7 @@ class TpInstance:
         model_path = str(resolve_model(self.spec.model))  # fail here, not in every rank
         mp = multiprocessing.get_context("spawn")
         parent, child = mp.Pipe()
-        port = _free_port()
+        port = free_port()
         for rank in range(self.spec.tp):
             p = mp.Process(target=rank_main, args=(self.spec, model_path, rank, port, child if rank == 0 else None),
                            name=f"tiertp-tp{self.spec.tp}-rank{rank}")

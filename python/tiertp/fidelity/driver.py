@@ -34,7 +34,8 @@ from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
 from tiertp.fidelity import provenance
 from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
 from tiertp.fidelity.probe import probe, probe_table
-from tiertp.fidelity.serve_process import ServeProcess, free_port
+from tiertp.fidelity.serve_process import ServeProcess
+from tiertp.ports import free_port
 from tiertp.fidelity.sim_profile import check_profile_levels, write_sim_profile
 from tiertp.replay.driver import GOODPUT_DEFINITION, write_plots
 from tiertp.replay.driver import ReplayConfig as _PlotConfig
@@ -49,6 +50,7 @@ from tiertp.replay.runner import SimContext, run_once
 from tiertp.replay.sweep import LoadResult, PolicyAtLoad
 from tiertp.replay.workload import TierRule
 from tiertp.worker.config import AgentConfig
+from tiertp.worker.seal import ControlKey
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +161,8 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
             serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus,
                                  profile=sim_profile_path, window_s=cfg.window_s, tp_levels=levels,
                                  worker_port=free_port())
-        run.agent_endpoint = serve.agent_endpoint if serve else None
+        if serve is not None and serve.agent_endpoint is not None:
+            run.agent = (serve.agent_endpoint, serve.agent_key)
         session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
                               seed=cfg.seed, tokenizer=cfg.tokenizer or (cfg.model if serve else None))
         gpus = session.info.gpus or cfg.devices
@@ -220,7 +223,7 @@ class _Run:
     calibration: dict | None = None
     calibrated_ctx: SimContext | None = None
     aborted: str | None = None
-    agent_endpoint: str | None = None  # the started server's agent (asked for its move counters)
+    agent: tuple[str, ControlKey] | None = None  # the started server's agent and its key (asked for its moves)
 
     def say(self, text: str) -> None:
         self.texts.append(text)
@@ -234,9 +237,9 @@ def _one_load(cfg: FidelityConfig, run: _Run, ctx: SimContext, session: LiveSess
     if run.calibrated_ctx is not None:
         primary = cfg.sim_policies[0]
         sims[primary + CALIBRATED] = run_once(run.calibrated_ctx, load, primary, {})
-    before = agent_moves(run.agent_endpoint) if run.agent_endpoint else None
+    before = agent_moves(*run.agent) if run.agent else None
     live = session.run(load, slos, cfg.limits, {"length_caps": caps}, cfg.progress)
-    agent = moves_delta(before, agent_moves(run.agent_endpoint)) if run.agent_endpoint else None
+    agent = moves_delta(before, agent_moves(*run.agent)) if run.agent else None
     moves = summarize(sims, live.timeline, agent, load.window_s)
     run.files.append(cfg.out / f"requests-{load.offered_rps:.1f}rps.csv")
     write_requests_csv(run.files[-1], live.records)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from tiertp.worker.seal import ControlKey
 from tiertp.worker.stats_query import StatsUnanswered, ask_stats
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,12 @@ def timeline_summary(timeline: list[dict], end_s: float) -> dict:
     }
 
 
-def agent_moves(endpoint: str, timeout_s: float = 5.0) -> dict | None:
+def agent_moves(endpoint: str, key: ControlKey, timeout_s: float = 5.0) -> dict | None:
     """The agent's move counters ({switches, rolled_back, hand_offs,
-    handed_off_requests}, since it started), asked over its ZeroMQ socket;
-    None when it does not answer in time."""
+    handed_off_requests}, since it started), asked over its ZeroMQ socket
+    with its key; None when it does not answer in time."""
     try:
-        moves = ask_stats(endpoint, timeout_s).get("moves") or {}
+        moves = ask_stats(endpoint, key, timeout_s).get("moves") or {}
     except StatsUnanswered as e:
         log.warning("%s", e)
         return None

@@ -9,23 +9,20 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from contextlib import closing
 from pathlib import Path
+
+from tiertp.worker.key_file import load_key_file, write_key_file
+from tiertp.worker.seal import ControlKey
 
 log = logging.getLogger(__name__)
 
 _URL = re.compile(r"OpenAI API at (http://\S+)")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class ServeProcess:
@@ -39,7 +36,8 @@ class ServeProcess:
         `window_s` / `tp_levels`: what the gateway plans with — the simulator's,
         so both sides run the same planner on the same inputs (None: serve's
         defaults). `worker_port`: the agent's ZeroMQ port (`agent_endpoint`),
-        for asking the agent what it did (its `stats`); None: serve picks one."""
+        for asking the agent what it did (its `stats`), with the key written
+        to `log_dir` for it (`agent_key`); None: serve picks the port and its key."""
         self.log_dir = log_dir
         self.ready_timeout_s = ready_timeout_s
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -53,9 +51,13 @@ class ServeProcess:
         if tp_levels is not None:
             self.cmd += ["--tp-levels", ",".join(str(t) for t in tp_levels)]
         self.agent_endpoint: str | None = None
+        self.agent_key: ControlKey | None = None
         if worker_port is not None:
-            self.cmd += ["--worker-port", str(worker_port)]
+            key_file = log_dir / "control.key"
+            write_key_file(key_file, force=True)
+            self.cmd += ["--worker-port", str(worker_port), "--key-file", str(key_file)]
             self.agent_endpoint = f"tcp://127.0.0.1:{worker_port}"
+            self.agent_key = load_key_file(key_file)
         self.output_path = log_dir / "serve.log"
         self._out = open(self.output_path, "w")
         log.info("starting: %s%s", " ".join(self.cmd), f" on cores {cpus}" if cpus else "")

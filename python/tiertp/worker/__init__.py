@@ -2,6 +2,11 @@
 
 One concept per module:
 - protocol: wire names (message types, error codes, roles) and the msgpack codec;
+- seal: sealed frames (ChaCha20-Poly1305 sessions under the control-plane key), the
+  Rust gateway's twin; key_file: reading and writing that key (`tiertp keys`);
+- gate: whom the agent hears (sealed frames only, new sessions only while fresh, no
+  replays); refusals: its rate-limited warnings about the peers it refused;
+- agent_client, stats_query: a Python client of an agent (tools, serve, tests);
 - messages: client messages parsed and validated into typed values;
 - groups: `TpGroup`, the explicit TP context (aligned power-of-two device sets);
 - plan: per-device assignments and `apply_plan` validation;

@@ -1,6 +1,10 @@
 """The node agent: the ROUTER socket of docs/worker-protocol.md and the
 execution processes behind it.
 
+It hears only clients holding its control-plane key: every frame is opened
+by the gate (tiertp.worker.gate) before anything reads it, and every reply
+is sealed in the client's session; a frame that does not open gets no reply.
+
 One thread, one loop: poll the client socket and every execution process's
 socket, handle what arrived, make the hand-offs the client told it to, then
 a tick (keep-alive pings, death and hang detection, due restarts). Each
@@ -58,6 +62,7 @@ import zmq
 
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
+from tiertp.worker.gate import Gate
 from tiertp.worker.groups import TpGroup, aligned_groups
 from tiertp.worker.hand_offs import Told, by_pair, refusal
 from tiertp.worker.layout_change import layout_changes
@@ -83,7 +88,10 @@ class Agent:
 
     def __init__(self, cfg: AgentConfig):
         check_model_fits_tp_levels(cfg.model, cfg.tp_levels)
+        if cfg.key is None:
+            raise ValueError("the agent needs a control-plane key (--key-file): it hears only clients holding it")
         self.cfg = cfg
+        self.gate = Gate(cfg.key)
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
@@ -189,11 +197,16 @@ class Agent:
                 del self._restart_at[group]
                 self._start(group)
         self._shed_held(now)
+        self.gate.forget_idle()
 
     # ---- requests --------------------------------------------------------
 
     def _to_client(self, client: bytes, msg: dict) -> None:
-        self.router.send_multipart([client, P.encode(msg)])
+        frame = self.gate.seal(client, P.encode(msg))
+        if frame is None:  # its session was forgotten (idle): it would not open the reply anyway
+            log.debug("a message of type %s to a client without a session dropped", msg.get("type"))
+            return
+        self.router.send_multipart([client, frame])
 
     def _fail(self, rid: int, code: str, message: str) -> None:
         req = self.requests.finish(rid)
@@ -473,12 +486,22 @@ class Agent:
             stats["max_model_len"] = self.limits.max_request_tokens
         return stats
 
-    def _on_client(self, frames: list[bytes]) -> None:
-        client = frames[0]
+    def _receive(self, frames: list[zmq.Frame]) -> None:
+        """A ROUTER message: handled if the gate opens it, else left unanswered."""
+        peer = frames[0].bytes
         try:
-            if len(frames) != 2:
-                raise P.ProtocolError(f"expected one frame per message, got {len(frames) - 1}")
-            msg = P.decode(frames[1])
+            address = frames[-1].get("Peer-Address")
+        except zmq.ZMQError:
+            address = "an unknown address"
+        plaintext = self.gate.open(peer, [f.bytes for f in frames[1:]], address)
+        if plaintext is not None:
+            self._on_client([peer, plaintext])
+
+    def _on_client(self, frames: list[bytes]) -> None:
+        """A client's message, opened: [its connection, the msgpack map]."""
+        client, body = frames
+        try:
+            msg = P.decode(body)
             kind = msg["type"]
             if kind == P.SUBMIT:
                 self._on_submit(client, msg)
@@ -561,10 +584,10 @@ class Agent:
                 if self.router in ready:
                     while True:
                         try:
-                            frames = self.router.recv_multipart(zmq.NOBLOCK)
+                            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._on_client(frames)
+                        self._receive(frames)
                 for p in live:
                     if p.socket in ready and p.state != DEAD:
                         while p.socket.poll(0):

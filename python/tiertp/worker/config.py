@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tiertp.engine.models import resolve_model
 from tiertp.engine.sglang_compat import cpu_count
 from tiertp.profiles.models import DecoderShape
+
+if TYPE_CHECKING:
+    from tiertp.worker.seal import ControlKey
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class AgentConfig:
     # devices never share cores. None: the machine's cores split over the devices.
     cores_per_device: int | None = None
     extra_engine_args: dict = field(default_factory=dict)
+    # The control-plane key (`--key-file`): the agent hears only clients holding it. Never printed.
+    key: ControlKey | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.devices < 1:

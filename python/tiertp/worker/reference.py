@@ -3,7 +3,7 @@
 What the worker's output is compared with: the same model and prompt through
 one plain `Engine.generate` call (SGLang's own continuous batching, no
 tiertp scheduling). Run it under tiertp.engine.isolated.run_isolated
-(target "tiertp.worker.reference:generate_ids"), never in a test process.
+(`run_isolated(generate_ids, ...)`), never in a test process.
 """
 
 from __future__ import annotations

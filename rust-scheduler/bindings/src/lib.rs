@@ -10,6 +10,8 @@ mod convert;
 mod dispatch;
 mod errors;
 mod gateway;
+mod hosted;
+mod mock_gateway;
 mod planner;
 mod profile;
 mod serve;
@@ -34,6 +36,7 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(gateway::bench_gateway, m)?)?;
     m.add_class::<serve::GatewayServer>()?;
+    m.add_class::<mock_gateway::MockGateway>()?;
     // The one list of policies, and the settings each reads (what replay sweeps).
     let table = tiertp_sim::policy::POLICY_TABLE;
     m.add("SIM_POLICIES", table.map(|p| p.name).to_vec())?;

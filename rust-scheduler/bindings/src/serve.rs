@@ -1,21 +1,20 @@
 //! `GatewayServer`: the OpenAI gateway (`tiertp_gateway::server`) run from
-//! Python (`tiertp serve`). The gateway runs on its own tokio runtime; Python
-//! only starts it, reads its address and stops it. The GIL is released while
-//! the gateway starts and stops.
+//! Python (`tiertp serve`), on its own tokio runtime (`Hosted`).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tiertp_gateway::config::{GatewayConfig, GatewayError, TokenizerSource, WorkerSpec};
 use tiertp_gateway::sampling::{SamplingDefaults, SamplingSource};
-use tiertp_gateway::server::{run_gateway, GatewayHandle};
+use tiertp_gateway::server::run_gateway;
+use tiertp_gateway::worker::seal::ControlKey;
 use tiertp_scheduler::tiers::TierSet;
 
 use crate::errors::tier_err;
+use crate::hosted::Hosted;
 
 fn gateway_err(e: GatewayError) -> PyErr {
     match e {
@@ -27,8 +26,10 @@ fn gateway_err(e: GatewayError) -> PyErr {
 
 /// A running gateway. Starting connects to the worker agents (each waited
 /// for up to `connect_timeout_s`; one not up by then joins the plan when it
-/// comes up) and binds `host:port` (0: a free port); `shutdown()` stops accepting, lets
-/// in-flight requests finish and stops the runtime. Options left None take
+/// comes up), every frame sealed under `control_key` (the agents' 32-byte
+/// control-plane key, `tiertp keys`), and binds `host:port` (0: a free
+/// port); `shutdown()` stops accepting, lets in-flight requests finish and
+/// stops the runtime. Options left None take
 /// the gateway's defaults (`GatewayConfig::new`). `profile_path` is the
 /// planner's profile JSON (None: the synthetic one), `tp_levels` the TP
 /// levels the planner may use (None: the planner's default; give the
@@ -41,14 +42,13 @@ fn gateway_err(e: GatewayError) -> PyErr {
 /// profile, tokenizer, sampling defaults), OSError (bind).
 #[pyclass(module = "tiertp._scheduler")]
 pub struct GatewayServer {
-    address: String,
-    running: Mutex<Option<(tokio::runtime::Runtime, GatewayHandle)>>,
+    hosted: Hosted,
 }
 
 #[pymethods]
 impl GatewayServer {
     #[new]
-    #[pyo3(signature = (tiers_path, model, model_dir, workers, host = None, port = None, threads = 2, worker_timeout_s = None, connect_timeout_s = None, profile_path = None, tp_levels = None, window_s = None, sampling_defaults = None))]
+    #[pyo3(signature = (tiers_path, model, model_dir, workers, control_key, host = None, port = None, threads = 2, worker_timeout_s = None, connect_timeout_s = None, profile_path = None, tp_levels = None, window_s = None, sampling_defaults = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -56,6 +56,7 @@ impl GatewayServer {
         model: String,
         model_dir: String,
         workers: Vec<(String, u32)>,
+        control_key: &[u8],
         host: Option<String>,
         port: Option<u16>,
         threads: usize,
@@ -84,6 +85,7 @@ impl GatewayServer {
         }
         let specs = workers.into_iter().map(|(endpoint, gpus)| WorkerSpec { endpoint, gpus }).collect();
         let mut config = GatewayConfig::new(&model, TokenizerSource::Dir(model_dir), tiers, specs);
+        config.control_key = Some(ControlKey::from_bytes(control_key).map_err(|e| PyValueError::new_err(e.to_string()))?);
         config.sampling = sampling;
         if let Some(host) = host {
             let ip: IpAddr = host
@@ -107,53 +109,26 @@ impl GatewayServer {
         if let Some(w) = window_s {
             config.window = Duration::from_secs_f64(w);
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads.max(1))
-            .thread_name("tiertp-gateway")
-            .enable_all()
-            .build()
-            .map_err(|e| PyRuntimeError::new_err(format!("tokio runtime: {e}")))?;
-        let handle = py.allow_threads(|| runtime.block_on(run_gateway(config))).map_err(gateway_err)?;
-        Ok(Self {
-            address: handle.addr.to_string(),
-            running: Mutex::new(Some((runtime, handle))),
-        })
+        let hosted = Hosted::start(py, threads, run_gateway(config), gateway_err)?;
+        Ok(Self { hosted })
     }
 
     /// `host:port` the gateway listens on.
     #[getter]
     fn address(&self) -> String {
-        self.address.clone()
+        self.hosted.address()
     }
 
     /// Whether the gateway is still serving (`shutdown` not called yet).
     #[getter]
     fn running(&self) -> bool {
-        self.running.lock().map(|r| r.is_some()).unwrap_or(false)
+        self.hosted.running()
     }
 
     /// Stops the gateway (idempotent); waits at most `timeout_s` for
     /// in-flight requests, then aborts them.
     #[pyo3(signature = (timeout_s = 10.0))]
     fn shutdown(&self, py: Python<'_>, timeout_s: f64) {
-        let taken = self.running.lock().ok().and_then(|mut r| r.take());
-        if let Some((runtime, handle)) = taken {
-            let wait = Duration::from_secs_f64(if timeout_s.is_finite() && timeout_s > 0.0 { timeout_s } else { 0.0 });
-            py.allow_threads(move || {
-                runtime.block_on(async move {
-                    let _ = tokio::time::timeout(wait, handle.shutdown()).await;
-                });
-                runtime.shutdown_timeout(Duration::from_secs(2));
-            });
-        }
-    }
-}
-
-impl Drop for GatewayServer {
-    fn drop(&mut self) {
-        if let Some((runtime, handle)) = self.running.get_mut().ok().and_then(|r| r.take()) {
-            drop(handle);
-            runtime.shutdown_background();
-        }
+        self.hosted.shutdown(py, timeout_s);
     }
 }

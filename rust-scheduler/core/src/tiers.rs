@@ -51,7 +51,7 @@ pub struct TierLimits {
     pub max_requests_per_minute: Option<f64>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct Tier {
     pub name: String,
     /// `None` for background tiers, which have no SLO.
@@ -61,6 +61,22 @@ pub struct Tier {
     pub weight: f64,
     pub api_keys: Vec<String>,
     pub limits: TierLimits,
+}
+
+/// Written out so that the API keys never show: a tier may be printed
+/// (a config's `Debug`, a test's failure) where keys must not be.
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("name", &self.name)
+            .field("ttft_ms", &self.ttft_ms)
+            .field("tpot_ms", &self.tpot_ms)
+            .field("background", &self.background)
+            .field("weight", &self.weight)
+            .field("api_keys", &format_args!("<{} redacted>", self.api_keys.len()))
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 impl Tier {
@@ -255,9 +271,10 @@ impl TierSet {
                     let n = o.api_keys.iter().filter(|k| *k == key).count();
                     (o.name == t.name && n > 1) || (o.name != t.name && n > 0)
                 }) {
+                    // The key itself is not named: the error may end up in a log.
                     return Err(bad(
                         "api_keys",
-                        format!("{key:?}"),
+                        "<redacted>".into(),
                         &format!("key already used by tier {:?}", other.name),
                     ));
                 }
@@ -378,9 +395,16 @@ mod tests {
     fn rejects_duplicates() {
         let e = err("[[tier]]\nname='a'\nbackground=true\n[[tier]]\nname='a'\nbackground=true\n");
         assert!(e.contains("duplicate tier name"), "{e}");
-        let e = err("[[tier]]\nname='a'\nbackground=true\napi_keys=['k']\n[[tier]]\nname='b'\nbackground=true\napi_keys=['k']\n");
-        assert!(e.contains("already used by tier \"a\""), "{e}");
+        let e = err("[[tier]]\nname='a'\nbackground=true\napi_keys=['sk-dup']\n[[tier]]\nname='b'\nbackground=true\napi_keys=['sk-dup']\n");
+        assert!(e.contains("already used by tier \"a\"") && !e.contains("sk-dup"), "{e}");
         let e = err("tier = []\n");
         assert!(e.contains("no tiers"), "{e}");
+    }
+
+    #[test]
+    fn api_keys_never_show_in_debug_output() {
+        let t = TierSet::from_toml("[[tier]]\nname='a'\nbackground=true\napi_keys=['sk-secret', 'sk-other']\n", "t").unwrap();
+        let shown = format!("{t:?}");
+        assert!(!shown.contains("sk-") && shown.contains("<2 redacted>"), "{shown}");
     }
 }

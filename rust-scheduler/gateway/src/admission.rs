@@ -1,14 +1,16 @@
 //! Who may send what: API key → tier, the optional lower-tier header, and
 //! the tiers' admission limits (`max_concurrent_requests`,
 //! `max_requests_per_minute` in the tier file): over either, 429 with
-//! Retry-After.
+//! Retry-After. Keys are looked up in constant time (`api_keys`).
+
+mod api_keys;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use api_keys::ApiKeys;
 use axum::http::HeaderMap;
-use rustc_hash::FxHashMap;
 use tiertp_scheduler::tiers::{Tier, TierId, TierLimits, TierSet};
 
 use crate::error::ApiError;
@@ -71,7 +73,7 @@ struct TierGate {
 
 pub struct Admission {
     tiers: TierSet,
-    keys: FxHashMap<String, TierId>,
+    keys: ApiKeys,
     gates: Vec<Arc<TierGate>>,
 }
 
@@ -86,12 +88,7 @@ impl Drop for Permit {
 
 impl Admission {
     pub fn new(tiers: &TierSet) -> Self {
-        let keys = tiers
-            .tiers()
-            .iter()
-            .enumerate()
-            .flat_map(|(id, t)| t.api_keys.iter().map(move |k| (k.clone(), id)))
-            .collect();
+        let keys = ApiKeys::new(tiers);
         let now = Instant::now();
         let gates = tiers
             .tiers()
@@ -123,9 +120,9 @@ impl Admission {
                 "You didn't provide an API key. Send it as `Authorization: Bearer KEY`.".into(),
             ));
         }
-        let own = *self
+        let own = self
             .keys
-            .get(key)
+            .tier_of(key)
             .ok_or_else(|| ApiError::Unauthorized("Incorrect API key provided.".into()))?;
         let Some(asked) = headers.get(TIER_HEADER) else {
             return Ok(own);

@@ -10,14 +10,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::HeaderMap;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::admission::Admission;
 use crate::config::GatewayConfig;
 use crate::control::{Control, Health};
 use crate::error::ApiError;
 use crate::generate::{Running, Start};
-use crate::openai::{self, Endpoint, Prompt};
+use crate::openai::{self, Endpoint, GenRequest, ModelList, Prompt};
+use crate::openapi;
 use crate::protocol::Sampling;
 use crate::sampling::SamplingDefaults;
 use crate::stream::Reply;
@@ -83,7 +84,7 @@ impl App {
             return Err(ApiError::ModelNotFound(req.model));
         }
         let input_ids = self.tokenize(&req.prompt, endpoint)?;
-        let max_tokens = self.max_tokens(req.max_tokens, input_ids.len(), endpoint)?;
+        let max_tokens = self.max_tokens(&req, input_ids.len(), endpoint)?;
         self.control.metrics.tiers[tier].arrivals.fetch_add(1, Ordering::Relaxed);
         let permit = self.admission.admit(tier)?;
         let sampling = Sampling {
@@ -124,7 +125,8 @@ impl App {
     /// context length when the agents report it: the prompt and the
     /// completion must fit (else 400 here, not a worker's rejection later).
     /// Without `max_tokens`, the default, cut to what fits.
-    fn max_tokens(&self, asked: Option<u32>, prompt: usize, endpoint: Endpoint) -> Result<u32, ApiError> {
+    fn max_tokens(&self, req: &GenRequest, prompt: usize, endpoint: Endpoint) -> Result<u32, ApiError> {
+        let asked = req.max_tokens;
         let Some(max_model_len) = self.control.max_model_len() else {
             return Ok(asked.unwrap_or(self.default_max_tokens));
         };
@@ -136,7 +138,7 @@ impl App {
             param,
         };
         match asked {
-            Some(n) if u64::from(prompt) + u64::from(n) > u64::from(max_model_len) => Err(too_long(Some(n), "max_tokens")),
+            Some(n) if u64::from(prompt) + u64::from(n) > u64::from(max_model_len) => Err(too_long(Some(n), req.max_tokens_param)),
             Some(n) => Ok(n),
             None if prompt >= max_model_len => Err(too_long(None, prompt_param(endpoint))),
             None => Ok(self.default_max_tokens.min(max_model_len - prompt)),
@@ -157,8 +159,19 @@ impl App {
     }
 
     /// `/v1/models`: the one model served.
-    pub fn models_json(&self) -> Value {
-        json!({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "tiertp"}]})
+    pub fn models(&self) -> ModelList<'_> {
+        ModelList::of(&self.model)
+    }
+
+    /// `/openapi.json`, for what this gateway serves now.
+    pub fn openapi(&self) -> utoipa::openapi::OpenApi {
+        let facts = openapi::Facts {
+            model: &self.model,
+            tiers: self.control.tiers().tiers().iter().map(|t| t.name.as_str()).collect(),
+            max_model_len: self.control.max_model_len(),
+            empty_prompt_has_no_tokens: self.codec.encode("", true).map_or(true, |ids| ids.is_empty()),
+        };
+        openapi::document(&facts)
     }
 
     /// `/v1/plan`.

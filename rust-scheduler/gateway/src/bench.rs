@@ -3,7 +3,6 @@
 //! the protocol add) and the load generator in the same process, on loopback.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -11,17 +10,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use tiertp_scheduler::tiers::{Tier, TierSet};
 
-use crate::config::{GatewayConfig, TokenizerSource, WorkerSpec};
-use crate::server::run_gateway_with;
-use crate::worker::mock::{MockConfig, MockWorker};
-use crate::worker::zmq::ZmqWorker;
-use crate::worker::WorkerClient;
-
-/// The bench's API key (its only tier).
-pub const BENCH_KEY: &str = "sk-bench";
-pub const BENCH_MODEL: &str = "mock";
+use crate::mock_gateway::{self, API_KEY, MODEL};
+use crate::worker::mock::MockConfig;
 
 #[derive(Debug, Clone)]
 pub struct BenchSettings {
@@ -51,12 +42,6 @@ impl Default for BenchSettings {
     }
 }
 
-pub fn bench_tiers() -> TierSet {
-    let mut t = Tier::slo_tier("bench", 1000.0, 100.0, 1.0);
-    t.api_keys = vec![BENCH_KEY.to_string()];
-    TierSet::new(vec![t], "bench").expect("the bench tier is valid")
-}
-
 /// Runs the bench; the JSON has `req_per_s`, `p50_ms`, `p99_ms` and more.
 pub fn run(settings: &BenchSettings) -> Result<serde_json::Value, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -68,34 +53,15 @@ pub fn run(settings: &BenchSettings) -> Result<serde_json::Value, String> {
 }
 
 async fn run_async(s: &BenchSettings) -> Result<serde_json::Value, String> {
-    let mut mocks = Vec::new();
-    let mut clients: Vec<Arc<dyn WorkerClient>> = Vec::new();
-    let mut specs = Vec::new();
-    for _ in 0..s.workers.max(1) {
-        let m = MockWorker::start(MockConfig::default()).await.map_err(|e| e.to_string())?;
-        clients.push(Arc::new(
-            ZmqWorker::connect(m.endpoint(), Duration::from_secs(5))
-                .await
-                .map_err(|e| e.to_string())?,
-        ));
-        specs.push(WorkerSpec {
-            endpoint: m.endpoint().to_string(),
-            gpus: 1,
-        });
-        mocks.push(m);
-    }
-    let mut config = GatewayConfig::new(BENCH_MODEL, TokenizerSource::Tiny, bench_tiers(), specs);
-    config.bind = SocketAddr::from(([127, 0, 0, 1], 0));
-    let gw = run_gateway_with(config, clients).await.map_err(|e| e.to_string())?;
+    let gw = mock_gateway::start(s.workers, MockConfig::default()).await?;
     let body = Bytes::from(
-        json!({"model": BENCH_MODEL, "prompt": "the quick brown fox jumps over the lazy dog", "max_tokens": s.max_tokens}).to_string(),
+        json!({"model": MODEL, "prompt": "the quick brown fox jumps over the lazy dog", "max_tokens": s.max_tokens}).to_string(),
     );
     let warm = load(gw.addr, body.clone(), s.warmup, s.concurrency, s.max_seconds).await?;
     let t0 = Instant::now();
     let res = load(gw.addr, body, s.requests, s.concurrency, s.max_seconds).await?;
     let elapsed = t0.elapsed().as_secs_f64();
     gw.shutdown().await;
-    drop(mocks);
     let mut lat = res.latencies_us;
     lat.sort_unstable();
     let pct = |p: f64| {
@@ -150,7 +116,7 @@ async fn load(addr: SocketAddr, body: Bytes, total: u64, concurrency: usize, max
                 let req = Request::post("/v1/completions")
                     .header("host", "127.0.0.1")
                     .header("content-type", "application/json")
-                    .header("authorization", format!("Bearer {BENCH_KEY}"))
+                    .header("authorization", format!("Bearer {API_KEY}"))
                     .body(Full::new(body.clone()))
                     .map_err(|e| e.to_string())?;
                 let t = Instant::now();

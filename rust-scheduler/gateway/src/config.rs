@@ -14,6 +14,7 @@ use tiertp_scheduler::tiers::TierSet;
 
 use crate::sampling::SamplingDefaults;
 use crate::tokenize::TokenizerError;
+use crate::worker::seal::ControlKey;
 use crate::worker::WorkerError;
 
 #[derive(Debug, Error)]
@@ -67,6 +68,10 @@ pub struct GatewayConfig {
     /// Profile JSON for the planner; `None` uses the core's synthetic one.
     pub profile: Option<PathBuf>,
     pub workers: Vec<WorkerSpec>,
+    /// The agents' control-plane key (`tiertp keys`): every frame to and
+    /// from them is sealed under it. Needed to dial agents (`run_gateway`);
+    /// `None` until given. Printed as `<redacted>`.
+    pub control_key: Option<ControlKey>,
     pub planner: PlannerConfig,
     /// Control window: the planner runs and the workers' health is polled
     /// this often (DESIGN.md §1: 0.25–5 s).
@@ -100,6 +105,7 @@ impl GatewayConfig {
             tiers,
             profile: None,
             workers,
+            control_key: None,
             planner: PlannerConfig::default(),
             window: Duration::from_secs_f64(defaults::WINDOW_S),
             stats_timeout: Duration::from_secs(5),
@@ -110,6 +116,17 @@ impl GatewayConfig {
             // axum's own default, written here so the 413 can name it.
             max_body_bytes: 2 * 1024 * 1024,
         }
+    }
+
+    /// The key to dial the agents with; an error naming the option without one.
+    pub fn control_key(&self) -> Result<&ControlKey, GatewayError> {
+        self.control_key.as_ref().ok_or_else(|| {
+            GatewayError::Config(
+                "no control-plane key: agents hear only a gateway holding theirs (give the same key file as \
+                 `tiertp worker --key-file`; `tiertp keys` makes one)"
+                    .into(),
+            )
+        })
     }
 
     pub fn validate(&self) -> Result<(), GatewayError> {
@@ -175,5 +192,15 @@ mod tests {
             let e = with_workers(endpoints).validate().unwrap_err().to_string();
             assert!(e.contains(needle), "{endpoints:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_control_key_is_needed_to_dial_and_never_printed() {
+        let mut c = with_workers(&["tcp://127.0.0.1:7100"]);
+        assert!(c.control_key().unwrap_err().to_string().contains("no control-plane key"));
+        c.control_key = Some(ControlKey::from_bytes(&[0x5a; 32]).unwrap());
+        assert!(c.control_key().is_ok());
+        let shown = format!("{c:?}");
+        assert!(shown.contains("ControlKey(<redacted>)") && !shown.contains("90, 90"), "{shown}");
     }
 }

@@ -4,7 +4,9 @@
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use thiserror::Error;
+use utoipa::ToSchema;
 
 use crate::protocol::codes;
 use crate::worker::WorkerError;
@@ -116,13 +118,40 @@ impl ApiError {
     /// The JSON body (also sent as an SSE event when a stream fails midway).
     pub fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
-        serde_json::json!({"error": {
-            "message": self.to_string(),
-            "type": kind,
-            "param": self.param(),
-            "code": code,
-        }})
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind,
+                param: self.param(),
+                code,
+            },
+        };
+        serde_json::to_value(body).expect("error bodies serialize")
     }
+}
+
+/// The body of every error answer, in OpenAI's shape (its `ToSchema` is
+/// the `Error` schema of `/openapi.json`).
+#[derive(Serialize, ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct ErrorDetail<'a> {
+    message: String,
+    /// OpenAI's error type: `invalid_request_error`, `requests` (a rate
+    /// limit) or `server_error`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// The request field (or header) at fault, when one is.
+    #[schema(required = true)]
+    param: Option<&'a str>,
+    /// A machine-readable code, e.g. `invalid_api_key`, `model_not_found`,
+    /// `context_length_exceeded`, `rate_limit_exceeded`, `overloaded`.
+    #[schema(required = true)]
+    code: Option<&'static str>,
 }
 
 fn context_message(max_model_len: u32, prompt: u32, completion: Option<u32>) -> String {

@@ -1,15 +1,26 @@
 //! OpenAI request parsing (every bad field is named in the 400) and response
-//! bodies for `/v1/completions` and `/v1/chat/completions`.
+//! bodies (`response`) for `/v1/completions` and `/v1/chat/completions`.
+//! The request schemas of `/openapi.json` (`openapi::requests`) state the
+//! rules `parse` enforces, from the constants here.
 
-use serde::Serialize;
+mod models;
+mod response;
+
+use std::ops::RangeInclusive;
+
+pub use models::ModelList;
+pub use response::{ChatCompletion, ChatCompletionChunk, Completion, Envelope, FinishReason, Usage};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::sampling::SamplingDefaults;
+use crate::sampling::{SamplingDefaults, TEMPERATURE_RANGE, TOP_P_RANGE};
 use crate::tokenize::ChatMessage;
 
 /// OpenAI allows at most this many stop strings.
-const MAX_STOP_STRINGS: usize = 4;
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// The roles a chat message may have.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -29,6 +40,8 @@ pub struct GenRequest {
     pub model: String,
     pub prompt: Prompt,
     pub max_tokens: Option<u32>,
+    /// The field `max_tokens` came from (a context-length error names it).
+    pub max_tokens_param: &'static str,
     pub temperature: f64,
     pub top_p: f64,
     pub seed: Option<u64>,
@@ -45,7 +58,7 @@ fn opt<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     obj.get(key).filter(|v| !v.is_null())
 }
 
-fn number(obj: &Map<String, Value>, key: &str, lo: f64, hi: f64, default: f64) -> Result<f64, ApiError> {
+fn number(obj: &Map<String, Value>, key: &str, (lo, hi): (f64, f64), default: f64) -> Result<f64, ApiError> {
     match opt(obj, key) {
         None => Ok(default),
         Some(v) => match v.as_f64() {
@@ -63,12 +76,32 @@ fn boolean(obj: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
     }
 }
 
+/// Integers a float holds exactly: a larger one may have been rounded on
+/// parsing (`-9223372036854775809` reads as `i64::MIN`).
+const EXACT_IN_FLOAT: f64 = 9_007_199_254_740_992.0;
+
+/// A JSON number without a fractional part, as JSON Schema's `integer`
+/// (which `2.0` is too, so the request schemas hold for what is parsed).
+fn integer(v: &Value) -> Option<i128> {
+    let Value::Number(n) = v else { return None };
+    n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from)).or_else(|| {
+        n.as_f64()
+            .filter(|x| x.fract() == 0.0 && x.abs() < EXACT_IN_FLOAT)
+            .map(|x| x as i128)
+    })
+}
+
+/// `v` as an integer in `range`.
+fn integer_in<T: TryFrom<i128> + PartialOrd>(v: &Value, range: RangeInclusive<T>) -> Option<T> {
+    integer(v).and_then(|n| T::try_from(n).ok()).filter(|n| range.contains(n))
+}
+
 fn positive_int(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, ApiError> {
     match opt(obj, key) {
         None => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if n >= 1 && n <= u64::from(u32::MAX) => Ok(Some(n as u32)),
-            _ => Err(bad(key, format!("`{key}` must be an integer >= 1, got {v}"))),
+        Some(v) => match integer_in(v, 1..=u32::MAX) {
+            Some(n) => Ok(Some(n)),
+            None => Err(bad(key, format!("`{key}` must be an integer from 1 to {}, got {v}", u32::MAX))),
         },
     }
 }
@@ -86,8 +119,10 @@ fn no_logprobs(obj: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiEr
         let asked = match opt(obj, key) {
             None | Some(Value::Bool(false)) => false,
             Some(Value::Bool(true)) => true,
-            Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64() != Some(0),
-            Some(v) => return Err(bad(key, format!("`{key}` must be a boolean or a non-negative integer, got {v}"))),
+            Some(v) => match integer(v) {
+                Some(n) if n >= 0 => n > 0,
+                _ => return Err(bad(key, format!("`{key}` must be a boolean or a non-negative integer, got {v}"))),
+            },
         };
         if asked {
             return Err(bad(
@@ -138,8 +173,8 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &SamplingDefaults) -> Re
         Endpoint::Completions => match opt(&obj, "prompt") {
             Some(Value::String(s)) => Prompt::Text(s.clone()),
             Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => Prompt::Text(a[0].as_str().unwrap_or_default().to_string()),
-            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(|x| x.as_u64().is_some_and(|n| n <= u64::from(u32::MAX))) => {
-                Prompt::Ids(a.iter().filter_map(Value::as_u64).map(|n| n as u32).collect())
+            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(|x| integer_in(x, 0..=u32::MAX).is_some()) => {
+                Prompt::Ids(a.iter().filter_map(|x| integer_in(x, 0..=u32::MAX)).collect())
             }
             Some(v) => {
                 return Err(bad(
@@ -160,11 +195,11 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &SamplingDefaults) -> Re
             for (i, m) in msgs.iter().enumerate() {
                 let role = m.get("role").and_then(Value::as_str);
                 let role = match role {
-                    Some(r @ ("system" | "developer" | "user" | "assistant" | "tool")) => r.to_string(),
+                    Some(r) if ROLES.contains(&r) => r.to_string(),
                     _ => {
                         return Err(bad(
                             &format!("messages[{i}].role"),
-                            format!("`messages[{i}].role` must be one of system, developer, user, assistant, tool"),
+                            format!("`messages[{i}].role` must be one of {}", ROLES.join(", ")),
                         ))
                     }
                 };
@@ -178,10 +213,14 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &SamplingDefaults) -> Re
             Prompt::Chat(out)
         }
     };
-    let max_tokens = match endpoint {
-        Endpoint::Chat if opt(&obj, "max_completion_tokens").is_some() => positive_int(&obj, "max_completion_tokens")?,
-        _ => positive_int(&obj, "max_tokens")?,
-    };
+    // Chat's `max_completion_tokens` replaces the deprecated `max_tokens`;
+    // both are checked, and the new one wins when both are given.
+    let mut max_tokens = (positive_int(&obj, "max_tokens")?, "max_tokens");
+    if endpoint == Endpoint::Chat {
+        if let Some(n) = positive_int(&obj, "max_completion_tokens")? {
+            max_tokens = (Some(n), "max_completion_tokens");
+        }
+    }
     if let Some(n) = positive_int(&obj, "n")? {
         if n != 1 {
             return Err(bad("n", format!("`n` = {n}: only n = 1 is supported")));
@@ -206,9 +245,9 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &SamplingDefaults) -> Re
     let seed = match opt(&obj, "seed") {
         None => None,
         Some(v) => Some(
-            v.as_i64()
+            integer_in(v, i64::MIN..=i64::MAX)
                 .map(|s| s as u64)
-                .ok_or_else(|| bad("seed", format!("`seed` must be an integer, got {v}")))?,
+                .ok_or_else(|| bad("seed", format!("`seed` must be a 64-bit signed integer, got {v}")))?,
         ),
     };
     no_logprobs(&obj, endpoint)?;
@@ -226,145 +265,15 @@ pub fn parse(body: &[u8], endpoint: Endpoint, defaults: &SamplingDefaults) -> Re
     Ok(GenRequest {
         model,
         prompt,
-        max_tokens,
-        temperature: number(&obj, "temperature", 0.0, 2.0, defaults.temperature)?,
-        top_p: number(&obj, "top_p", 0.0, 1.0, defaults.top_p)?,
+        max_tokens: max_tokens.0,
+        max_tokens_param: max_tokens.1,
+        temperature: number(&obj, "temperature", TEMPERATURE_RANGE, defaults.temperature)?,
+        top_p: number(&obj, "top_p", TOP_P_RANGE, defaults.top_p)?,
         seed,
         stop,
         stream,
         include_usage,
     })
-}
-
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    pub total_tokens: u32,
-}
-
-impl Usage {
-    pub fn new(prompt: u32, completion: u32) -> Self {
-        Self {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt + completion,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    role: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    content: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct Choice<'a> {
-    index: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    text: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<Message<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    delta: Option<Message<'a>>,
-    logprobs: Option<()>,
-    finish_reason: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    id: &'a str,
-    object: &'static str,
-    created: u64,
-    model: &'a str,
-    choices: Vec<Choice<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage: Option<Usage>,
-}
-
-/// The fields every response and chunk of one request share.
-pub struct Envelope<'a> {
-    pub endpoint: Endpoint,
-    pub id: &'a str,
-    pub created: u64,
-    pub model: &'a str,
-}
-
-impl Envelope<'_> {
-    fn body<'b>(&'b self, object: &'static str, choices: Vec<Choice<'b>>, usage: Option<Usage>) -> String {
-        serde_json::to_string(&Body {
-            id: self.id,
-            object,
-            created: self.created,
-            model: self.model,
-            choices,
-            usage,
-        })
-        .expect("response bodies serialize")
-    }
-
-    /// A complete (non-streaming) response.
-    pub fn full(&self, text: &str, finish_reason: &str, usage: Usage) -> String {
-        let (object, choice) = match self.endpoint {
-            Endpoint::Completions => ("text_completion", choice(Some(text), None, None, Some(finish_reason))),
-            Endpoint::Chat => (
-                "chat.completion",
-                choice(
-                    None,
-                    Some(Message {
-                        role: Some("assistant"),
-                        content: Some(text),
-                    }),
-                    None,
-                    Some(finish_reason),
-                ),
-            ),
-        };
-        self.body(object, vec![choice], Some(usage))
-    }
-
-    /// One streamed chunk; the first chat chunk carries the role.
-    pub fn chunk(&self, text: &str, first: bool, finish_reason: Option<&str>) -> String {
-        match self.endpoint {
-            Endpoint::Completions => self.body("text_completion", vec![choice(Some(text), None, None, finish_reason)], None),
-            Endpoint::Chat => {
-                // The role opens the stream; a finishing chunk may be empty.
-                let delta = Message {
-                    role: first.then_some("assistant"),
-                    content: (first || !text.is_empty()).then_some(text),
-                };
-                self.body("chat.completion.chunk", vec![choice(None, None, Some(delta), finish_reason)], None)
-            }
-        }
-    }
-
-    /// The final usage chunk (`stream_options.include_usage`).
-    pub fn usage_chunk(&self, usage: Usage) -> String {
-        let object = match self.endpoint {
-            Endpoint::Completions => "text_completion",
-            Endpoint::Chat => "chat.completion.chunk",
-        };
-        self.body(object, Vec::new(), Some(usage))
-    }
-}
-
-fn choice<'a>(
-    text: Option<&'a str>,
-    message: Option<Message<'a>>,
-    delta: Option<Message<'a>>,
-    finish_reason: Option<&'a str>,
-) -> Choice<'a> {
-    Choice {
-        index: 0,
-        text,
-        message,
-        delta,
-        logprobs: None,
-        finish_reason,
-    }
 }
 
 #[cfg(test)]
@@ -441,6 +350,41 @@ mod tests {
             param_of(r#"{"model":"m","prompt":"x","logprobs":"yes"}"#, c).as_deref(),
             Some("logprobs")
         );
+    }
+
+    #[test]
+    fn integers_are_json_schema_integers() {
+        let c = Endpoint::Completions;
+        // `2.0` is an integer to JSON Schema, so to the request schemas.
+        let r = parse(br#"{"model":"m","prompt":[5.0, 6],"max_tokens":3.0,"seed":-7.0,"n":1.0}"#, c).unwrap();
+        assert_eq!(
+            (r.prompt, r.max_tokens, r.seed),
+            (Prompt::Ids(vec![5, 6]), Some(3), Some(-7i64 as u64))
+        );
+        for (body, param) in [
+            (r#"{"model":"m","prompt":"x","max_tokens":2.5}"#, "max_tokens"),
+            (r#"{"model":"m","prompt":"x","max_tokens":4294967296}"#, "max_tokens"),
+            // Past i64, a float that may have been rounded to i64::MIN.
+            (r#"{"model":"m","prompt":"x","seed":-9223372036854775809}"#, "seed"),
+            (r#"{"model":"m","prompt":"x","seed":9223372036854775808}"#, "seed"),
+            (r#"{"model":"m","prompt":"x","logprobs":-1}"#, "logprobs"),
+        ] {
+            assert_eq!(param_of(body, c).as_deref(), Some(param), "{body}");
+        }
+        let r = parse(br#"{"model":"m","prompt":"x","seed":1874761995294523.0,"logprobs":0.0}"#, c).unwrap();
+        assert_eq!(r.seed, Some(1_874_761_995_294_523));
+    }
+
+    #[test]
+    fn chat_checks_both_limits_and_names_the_one_used() {
+        let chat = Endpoint::Chat;
+        let m = r#""model":"m","messages":[{"role":"user","content":"a"}]"#;
+        let r = parse(format!("{{{m},\"max_tokens\":9,\"max_completion_tokens\":4}}").as_bytes(), chat).unwrap();
+        assert_eq!((r.max_tokens, r.max_tokens_param), (Some(4), "max_completion_tokens"));
+        let r = parse(format!("{{{m},\"max_tokens\":9}}").as_bytes(), chat).unwrap();
+        assert_eq!((r.max_tokens, r.max_tokens_param), (Some(9), "max_tokens"));
+        let bad = format!("{{{m},\"max_tokens\":0,\"max_completion_tokens\":4}}");
+        assert_eq!(param_of(&bad, chat).as_deref(), Some("max_tokens"));
     }
 
     #[test]

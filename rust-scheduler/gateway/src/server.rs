@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::handler::Handler;
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{on, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use tiertp_scheduler::profile::{synthetic, Profile};
 use tiertp_scheduler::topology::Cluster;
@@ -19,20 +20,47 @@ use crate::config::{GatewayConfig, GatewayError, TokenizerSource};
 use crate::control::{Control, ControlConfig};
 use crate::metrics::Metrics;
 use crate::openai::Endpoint;
+use crate::openapi;
 use crate::stream;
 use crate::tokenize::TextCodec;
 use crate::worker::zmq::ZmqWorker;
 use crate::worker::WorkerClient;
 
+/// One route: its path, its method and its handler.
+pub struct Route {
+    pub path: &'static str,
+    pub method: Method,
+    handler: MethodRouter<Arc<App>>,
+}
+
+fn route<H: Handler<T, Arc<App>>, T: 'static>(path: &'static str, method: Method, handler: H) -> Route {
+    let filter = MethodFilter::try_from(method.clone()).expect("a method routes can filter on");
+    Route {
+        path,
+        method,
+        handler: on(filter, handler),
+    }
+}
+
+/// Every route the gateway serves, the one list: the router is built from
+/// it and `/openapi.json` documents it.
+pub fn routes() -> Vec<Route> {
+    vec![
+        route("/v1/completions", Method::POST, completions),
+        route("/v1/chat/completions", Method::POST, chat_completions),
+        route("/v1/models", Method::GET, models),
+        route("/v1/plan", Method::GET, plan),
+        route("/health", Method::GET, health),
+        route("/metrics", Method::GET, metrics),
+        route(openapi::PATH, Method::GET, openapi_json),
+    ]
+}
+
 pub fn router(app: Arc<App>) -> Router {
     let body_limit = DefaultBodyLimit::max(app.max_body_bytes());
-    Router::new()
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/models", get(models))
-        .route("/v1/plan", get(plan))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |r, route| r.route(route.path, route.handler))
         .layer(body_limit)
         .with_state(app)
 }
@@ -53,8 +81,8 @@ async fn generate(app: &App, headers: &HeaderMap, body: RequestBody, endpoint: E
     answer.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
-    Json(app.models_json())
+async fn models(State(app): State<Arc<App>>) -> Response {
+    Json(app.models()).into_response()
 }
 
 async fn plan(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
@@ -75,15 +103,27 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics_text()).into_response()
 }
 
+async fn openapi_json(State(app): State<Arc<App>>) -> Json<utoipa::openapi::OpenApi> {
+    Json(app.openapi())
+}
+
 /// A running gateway; dropping it (or `shutdown`) stops it.
 pub struct GatewayHandle {
     pub addr: SocketAddr,
     pub control: Arc<Control>,
     stop: Option<oneshot::Sender<()>>,
     tasks: Vec<JoinHandle<()>>,
+    /// What lives as long as the gateway (the mock agents it serves over);
+    /// dropped after it stops.
+    held: Vec<Box<dyn Send + Sync>>,
 }
 
 impl GatewayHandle {
+    /// Keeps `thing` until the gateway is dropped.
+    pub fn hold(&mut self, thing: impl Send + Sync + 'static) {
+        self.held.push(Box::new(thing));
+    }
+
     /// Stops accepting, lets in-flight requests finish, stops the planner.
     pub async fn shutdown(mut self) {
         if let Some(s) = self.stop.take() {
@@ -108,10 +148,11 @@ impl Drop for GatewayHandle {
 /// not up by then joins when it comes up (`ZmqWorker::connect`).
 pub async fn run_gateway(config: GatewayConfig) -> Result<GatewayHandle, GatewayError> {
     config.validate()?;
+    let key = config.control_key()?;
     let connects = config
         .workers
         .iter()
-        .map(|w| ZmqWorker::connect(&w.endpoint, config.connect_timeout));
+        .map(|w| ZmqWorker::connect(&w.endpoint, key, config.connect_timeout));
     let mut workers: Vec<Arc<dyn WorkerClient>> = Vec::with_capacity(config.workers.len());
     for w in futures_util::future::join_all(connects).await {
         workers.push(Arc::new(w?));
@@ -174,5 +215,6 @@ pub async fn run_gateway_with(config: GatewayConfig, workers: Vec<Arc<dyn Worker
         control,
         stop: Some(stop),
         tasks: vec![planner_task, server],
+        held: Vec::new(),
     })
 }

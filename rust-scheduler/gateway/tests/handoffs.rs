@@ -22,7 +22,7 @@ use tiertp_gateway::generate::{Running, Start};
 use tiertp_gateway::metrics::Metrics;
 use tiertp_gateway::protocol::Sampling;
 use tiertp_gateway::tokenize::TextCodec;
-use tiertp_gateway::worker::mock::{MockConfig, MockWorker};
+use tiertp_gateway::worker::mock::{self, MockConfig, MockWorker};
 use tiertp_gateway::worker::zmq::ZmqWorker;
 use tiertp_gateway::worker::WorkerClient;
 use tiertp_scheduler::control::Handoff;
@@ -114,7 +114,7 @@ async fn one_node(token_delay: Duration) -> (Arc<Control>, Arc<AtomicU64>, MockW
     })
     .await
     .unwrap();
-    let client = ZmqWorker::connect(mock.endpoint(), BOUND).await.unwrap();
+    let client = ZmqWorker::connect(mock.endpoint(), mock::key(), BOUND).await.unwrap();
     let (control, clock) = control(vec![Arc::new(client)], &[2]);
     control.step().await;
     assert_eq!(mock.last_plan().map(|p| p.0), control.plan_json()["plan_id"].as_u64());

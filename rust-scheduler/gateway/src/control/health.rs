@@ -149,7 +149,8 @@ impl Control {
                 }
                 Err(_) => {
                     log::warn!(
-                        "worker {}: no stats within {} s; its GPUs are out of the plan until it answers",
+                        "worker {}: no stats within {} s (busy, or holding another control-plane key: an agent \
+                         answers nothing it cannot open); its GPUs are out of the plan until it answers",
                         w.name(),
                         self.stats_timeout.as_secs_f64()
                     );

@@ -9,10 +9,13 @@
 //! an agent back on the same endpoint. A `hand_off` is recorded and
 //! answered as an agent would: the running request moves to the group
 //! named when the applied plan has it (any group of its devices before a
-//! plan), else `unknown_group`; its tokens keep coming either way.
+//! plan), else `unknown_group`; its tokens keep coming either way. Frames
+//! are sealed as a real agent's (`seal`), under `mock::key()`; one that does
+//! not open gets no reply. Unlike a real agent it has no window for new
+//! sessions (a test double, not a control plane).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use super::seal::{ControlKey, Direction, Header, Opener, Sealer, Session};
 use crate::protocol::{
     self, codes, device_states, AgentMsg, ClientMsg, DevicePlan, DeviceStats, HandOffFailure, HandedOff, PlanApplied, Sampling, StatsReply,
     TokenItem,
@@ -64,6 +68,37 @@ pub struct MockCounters {
 }
 
 type Outbox = mpsc::UnboundedSender<(Bytes, AgentMsg)>;
+
+/// The key every mock agent of this process holds (random per process): a
+/// gateway over mocks is given it.
+pub fn key() -> &'static ControlKey {
+    static KEY: OnceLock<ControlKey> = OnceLock::new();
+    KEY.get_or_init(ControlKey::random)
+}
+
+/// One sealed session per client connection (its ROUTER peer id), begun by
+/// the client's first frame.
+#[derive(Clone, Default)]
+struct Sessions(Arc<Mutex<FxHashMap<Bytes, (Opener, Sealer)>>>);
+
+impl Sessions {
+    /// The frame's plaintext, or `None`: it does not open (no reply then).
+    fn open(&self, peer: &Bytes, frame: &[u8]) -> Option<Vec<u8>> {
+        let mut map = self.0.lock().unwrap();
+        if let Some((opener, _)) = map.get_mut(peer) {
+            return opener.open(frame).ok();
+        }
+        let session = Session::join(key(), &Header::parse(frame).ok()?);
+        let mut opener = session.opener(Direction::ToAgent);
+        let body = opener.open(frame).ok()?;
+        map.insert(peer.clone(), (opener, session.sealer(Direction::ToClient)));
+        Some(body)
+    }
+
+    fn seal(&self, peer: &Bytes, plaintext: &[u8]) -> Option<Vec<u8>> {
+        self.0.lock().unwrap().get_mut(peer).map(|(_, sealer)| sealer.seal(plaintext))
+    }
+}
 
 struct Running {
     task: JoinHandle<()>,
@@ -149,6 +184,8 @@ impl MockWorker {
         let (mut tx, mut rx) = socket.split();
         let (out, mut out_rx) = mpsc::unbounded_channel::<(Bytes, AgentMsg)>();
         self.devices.lock().unwrap().out = Some(out.clone());
+        let sessions = Sessions::default();
+        let seals = sessions.clone();
         let writer = tokio::spawn(async move {
             let mut batch = Vec::new();
             while out_rx.recv_many(&mut batch, 256).await > 0 {
@@ -161,11 +198,11 @@ impl MockWorker {
                             Some((_, v)) => v.extend(items),
                             None => tokens.push((peer, items)),
                         },
-                        other => send(&mut tx, peer, &other).await,
+                        other => send(&mut tx, &seals, peer, &other).await,
                     }
                 }
                 for (peer, items) in tokens {
-                    send(&mut tx, peer, &AgentMsg::Tokens { items }).await;
+                    send(&mut tx, &seals, peer, &AgentMsg::Tokens { items }).await;
                 }
             }
         });
@@ -175,7 +212,10 @@ impl MockWorker {
                 let mut rng = config.seed.max(1);
                 while let Ok(msg) = rx.recv().await {
                     let mut frames = msg.into_vecdeque();
-                    let (Some(peer), Some(body)) = (frames.pop_front(), frames.pop_back()) else {
+                    let (Some(peer), Some(frame)) = (frames.pop_front(), frames.pop_back()) else {
+                        continue;
+                    };
+                    let Some(body) = sessions.open(&peer, &frame) else {
                         continue;
                     };
                     let reply = |m: AgentMsg| {
@@ -471,8 +511,11 @@ async fn stream_tokens(
     }
 }
 
-async fn send<S: SocketSend>(tx: &mut S, peer: Bytes, msg: &AgentMsg) {
-    let mut m = ZmqMessage::from(protocol::encode(msg));
+async fn send<S: SocketSend>(tx: &mut S, sessions: &Sessions, peer: Bytes, msg: &AgentMsg) {
+    let Some(frame) = sessions.seal(&peer, &protocol::encode(msg)) else {
+        return;
+    };
+    let mut m = ZmqMessage::from(frame);
     m.push_front(peer);
     let _ = tx.send(m).await;
 }

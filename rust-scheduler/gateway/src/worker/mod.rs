@@ -1,7 +1,9 @@
 //! The gateway's view of a node agent: one trait, one file per implementation
-//! (`zmq`: the real protocol client; `mock`: an agent for tests and benches).
+//! (`zmq`: the real protocol client; `mock`: an agent for tests and benches),
+//! and `seal`: the sealed frames both speak.
 
 pub mod mock;
+pub mod seal;
 pub mod zmq;
 
 use async_trait::async_trait;

@@ -4,7 +4,10 @@
 //! channels, and watched: when the connection drops, every pending request
 //! fails and the agent is dialled again until it is back. An agent that is
 //! not up when the gateway starts is dialled the same way, so a node may
-//! join after the gateway (its GPUs are out of the plan until then).
+//! join after the gateway (its GPUs are out of the plan until then). Each
+//! connection is one sealed session (`seal`): an agent without the same key
+//! hears nothing from the gateway, and the gateway opens only its agent's
+//! replies.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,11 +21,13 @@ use tiertp_scheduler::plan::GroupKey;
 use tokio::sync::{mpsc, oneshot};
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
+use super::seal::{ControlKey, Direction, Session};
 use super::{Submit, TokenEvent, TokenStream, WorkerClient, WorkerError};
 use crate::protocol::{self, AgentMsg, ClientMsg, DevicePlan, HandOffFailure, HandedOff, PlanApplied, StatsReply};
 
 struct Shared {
     name: String,
+    key: ControlKey,
     alive: AtomicBool,
     pending: Mutex<FxHashMap<u64, mpsc::UnboundedSender<TokenEvent>>>,
     plan_waiters: Mutex<FxHashMap<u64, oneshot::Sender<PlanApplied>>>,
@@ -133,14 +138,15 @@ pub struct ZmqWorker {
 /// Waits between reconnection attempts: doubling from the first to the last.
 const RECONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 
-/// One connection to the agent: the socket and its event monitor.
+/// One connection to the agent: the socket, its event monitor and its session.
 struct Connection {
     socket: DealerSocket,
     monitor: futures_util::stream::BoxStream<'static, SocketEvent>,
+    session: Session,
 }
 
 impl Connection {
-    async fn open(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
+    async fn open(endpoint: &str, key: &ControlKey, timeout: Duration) -> Result<Self, WorkerError> {
         let connect_err = |reason: String| WorkerError::Connect {
             worker: endpoint.to_string(),
             reason,
@@ -151,16 +157,25 @@ impl Connection {
             .await
             .map_err(|_| connect_err(format!("no connection within {} s", timeout.as_secs_f64())))?
             .map_err(|e| connect_err(e.to_string()))?;
-        Ok(Self { socket, monitor })
+        Ok(Self {
+            socket,
+            monitor,
+            session: Session::start(key),
+        })
     }
 
     /// Carries messages both ways until the connection fails; returns why.
     async fn run(self, shared: &Shared, out_rx: &mut mpsc::UnboundedReceiver<Vec<u8>>) -> String {
-        let Connection { socket, mut monitor } = self;
+        let Connection {
+            socket,
+            mut monitor,
+            session,
+        } = self;
+        let (mut sealer, mut opener) = (session.sealer(Direction::ToAgent), session.opener(Direction::ToClient));
         let (mut tx, mut rx) = socket.split();
         let writer = async {
             while let Some(buf) = out_rx.recv().await {
-                if let Err(e) = tx.send(ZmqMessage::from(buf)).await {
+                if let Err(e) = tx.send(ZmqMessage::from(sealer.seal(&buf))).await {
                     return format!("send failed: {e}");
                 }
             }
@@ -169,9 +184,12 @@ impl Connection {
         let reader = async {
             loop {
                 match rx.recv().await {
-                    Ok(msg) => match msg.get(0).map(|f| protocol::decode::<AgentMsg>(f)) {
-                        Some(Ok(m)) => shared.route(m),
-                        Some(Err(e)) => log::warn!("worker {}: undecodable message: {e}", shared.name),
+                    Ok(msg) => match msg.get(0).map(|f| opener.open(f)) {
+                        Some(Ok(body)) => match protocol::decode::<AgentMsg>(&body) {
+                            Ok(m) => shared.route(m),
+                            Err(e) => log::warn!("worker {}: undecodable message: {e}", shared.name),
+                        },
+                        Some(Err(e)) => log::warn!("worker {}: a frame refused: {e}", shared.name),
                         None => {}
                     },
                     Err(e) => return format!("receive failed: {e}"),
@@ -208,7 +226,7 @@ async fn supervise(shared: Arc<Shared>, mut conn: Option<Connection>, mut out_rx
         let mut wait = RECONNECT_BACKOFF.0;
         conn = Some(loop {
             tokio::time::sleep(wait).await;
-            match Connection::open(&shared.name, timeout).await {
+            match Connection::open(&shared.name, &shared.key, timeout).await {
                 Ok(c) => break c,
                 Err(_) => wait = (wait * 2).min(RECONNECT_BACKOFF.1),
             }
@@ -238,13 +256,14 @@ impl ZmqWorker {
     /// error (a node may start after the gateway): the client starts
     /// disconnected (`is_alive` false, so its GPUs are out of the plan) and
     /// dials it for as long as the client lives, as after a lost connection.
-    /// Only a malformed endpoint is an error.
-    pub async fn connect(endpoint: &str, timeout: Duration) -> Result<Self, WorkerError> {
+    /// Only a malformed endpoint is an error. Every frame is sealed under
+    /// `key`, the agent's (`tiertp keys`).
+    pub async fn connect(endpoint: &str, key: &ControlKey, timeout: Duration) -> Result<Self, WorkerError> {
         check_endpoint(endpoint).map_err(|reason| WorkerError::Connect {
             worker: endpoint.to_string(),
             reason,
         })?;
-        let conn = match Connection::open(endpoint, timeout).await {
+        let conn = match Connection::open(endpoint, key, timeout).await {
             Ok(c) => Some(c),
             Err(e) => {
                 log::warn!("{e}; dialling it until it answers (its GPUs are out of the plan until then)");
@@ -254,6 +273,7 @@ impl ZmqWorker {
         let (out, out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
         let shared = Arc::new(Shared {
             name: endpoint.to_string(),
+            key: key.clone(),
             alive: AtomicBool::new(conn.is_some()),
             pending: Mutex::default(),
             plan_waiters: Mutex::default(),

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tiertp_gateway::config::{GatewayConfig, TokenizerSource, WorkerSpec};
 use tiertp_gateway::server::{run_gateway, GatewayHandle};
-use tiertp_gateway::worker::mock::{MockConfig, MockWorker};
+use tiertp_gateway::worker::mock::{self, MockConfig, MockWorker};
 use tiertp_scheduler::tiers::TierSet;
 
 pub const TIERS: &str = r#"
@@ -65,6 +65,7 @@ pub async fn gateway_for(workers: &[MockWorker], adjust: impl FnOnce(&mut Gatewa
     let mut config = GatewayConfig::new("tiny", TokenizerSource::Tiny, TierSet::from_toml(TIERS, "tiers").unwrap(), specs);
     config.bind = SocketAddr::from(([127, 0, 0, 1], 0));
     config.worker_timeout = Duration::from_secs(10);
+    config.control_key = Some(mock::key().clone());
     adjust(&mut config);
     run_gateway(config).await.unwrap()
 }
