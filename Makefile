@@ -33,6 +33,7 @@ bench: setup  ## All benchmarks, one JSON object each on stdout
 	$(BIN)/tiertp bench kv-kernels --json
 	$(BIN)/tiertp bench gateway --json
 	$(BIN)/tiertp bench switch --json
+	$(BIN)/tiertp bench soak --json
 
 # `make paper DURATION=60` replays 60 s per load instead of the presets' 600.
 DURATION ?=

@@ -11,4 +11,5 @@ BENCHES = {
     "replay": "tiertp.bench.replay",
     "gateway": "tiertp.bench.gateway",
     "switch": "tiertp.bench.switch",
+    "soak": "tiertp.bench.soak",
 }
