@@ -4,7 +4,6 @@ DEALER clients speaking docs/worker-protocol.md, sealed with the agent's key
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import psutil
 import pytest
 import zmq
 
-from tiertp.engine.isolated import kill_group
+from tiertp.engine.isolated import stop_group
 from tiertp.worker.agent_client import AgentClient
 from tiertp.worker.key_file import load_key_file, write_key_file
 
@@ -123,13 +122,7 @@ class AgentProcess:
 
 def stop_agent(proc: AgentProcess) -> None:
     """SIGTERM, then kill whatever is left of the agent and its executors (their own sessions)."""
-    if proc.popen.poll() is None:
-        proc.popen.send_signal(signal.SIGTERM)
-        try:
-            proc.popen.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-    kill_group(proc.popen)  # whatever is left in its group
+    stop_group(proc.popen)  # whatever is left in its group is killed
     for p in list(psutil.process_iter(["cmdline"])):  # executors live in their own sessions
         if str(proc.log_dir) in " ".join(p.info["cmdline"] or []):
             p.kill()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from tiertp.engine.isolated import kill_group
+from tiertp.engine.isolated import kill_group, stop_group
 from tiertp.ports import free_port
 from tiertp.worker.key_file import load_key_file
 from tiertp.worker.stats_query import StatsUnanswered, ask_stats
@@ -94,12 +94,8 @@ class Node:
                 pass
 
     def stop(self) -> None:
-        if self.alive():
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
+        if self.popen is not None:
+            stop_group(self.popen, grace_s=1.0)
         self.crash()
 
 
@@ -132,11 +128,5 @@ class Gateway:
         raise RuntimeError(f"tiertp gateway did not come up within {timeout_s:g} s; its log: {self.log_path}")
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGINT)
-            try:
-                self.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        kill_group(self.popen, grace_s=1.0)
+        stop_group(self.popen, signal.SIGINT, grace_s=1.0)
         self._log.close()

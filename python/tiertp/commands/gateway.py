@@ -65,12 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiertp.worker.key_file import load_key_file
+    from tiertp.worker.key_file import require_key_file
 
-    if args.key_file is None:
-        raise ServeInputError("--key-file is required: the agents hear only a gateway holding their control-plane "
-                              "key (the file given to `tiertp worker --key-file`; `tiertp keys FILE` makes one)")
-    key = load_key_file(args.key_file)
+    key = require_key_file(args.key_file, "the agents hear only a gateway holding their control-plane key")
     try:
         nodes = cluster_workers(args.cluster, args.worker)
         check_tp_levels(tuple(args.tp_levels))

@@ -57,12 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tiertp.engine.models import resolve_model
     from tiertp.worker.agent import serve
-    from tiertp.worker.key_file import load_key_file
+    from tiertp.worker.key_file import require_key_file
 
-    if args.key_file is None:
-        raise ValueError("--key-file is required: the agent hears only clients holding its control-plane key "
-                         "(`tiertp keys FILE` makes one; give the gateway the same file)")
-    key = load_key_file(args.key_file)
+    key = require_key_file(args.key_file, "the agent hears only clients holding its control-plane key")
     # Fail here, naming the valid models, rather than in every execution process start.
     resolve_model(args.model)
     cfg = AgentConfig(model=args.model, bind=args.bind, devices=args.devices, tp_levels=args.tp_levels,

@@ -125,6 +125,18 @@ def _wait(proc: subprocess.Popen, timeout_s: float, poll, interval_s: float) -> 
                 poll()
 
 
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, wait_s: float = 30.0, grace_s: float = 5.0) -> None:
+    """Ask the child to stop (`sig`), wait up to `wait_s` for it, then
+    `kill_group` whatever is left of its process group."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(proc, grace_s)
+
+
 def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM the child's process group, then SIGKILL whatever is left."""
     try:

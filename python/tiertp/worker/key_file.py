@@ -66,3 +66,12 @@ def load_key_file(path: Path) -> ControlKey:
         raise KeyFileError(f"control-plane key file {path}: not a key: expected {_HEX_DIGITS} hex digits and a "
                            "newline (`tiertp keys` writes one)")
     return ControlKey(bytes.fromhex(digits))
+
+
+def require_key_file(path: Path | None, who: str) -> ControlKey:
+    """The key in `path`, which a command must be given; KeyFileError naming
+    the option when it is missing. `who`: whom the key admits."""
+    if path is None:
+        raise KeyFileError(f"--key-file is required: {who} (`tiertp keys FILE` makes one; the gateway and its "
+                           "agents are given the same file)")
+    return load_key_file(path)
