@@ -57,7 +57,7 @@ def test_tiny_llama_is_built_once_and_shards_at_tp_1_2_4():
 
 
 def test_cache_dir_honours_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("TIERTP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TIERTP_CACHE", str(tmp_path))
     assert models.cache_dir() == tmp_path / "models"
 
 

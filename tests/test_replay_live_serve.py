@@ -16,6 +16,7 @@ import pytest
 
 from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
 from tiertp.fidelity.serve_process import ServeProcess
+from tiertp.profile_source import SYNTHETIC
 
 TIMEOUT_S = 600
 WORKLOAD = ["--trace", "azure-conv", "--tier-fractions", "chat=0.5,agent=0.5", "--tiers", str(TIERS_CPU_TWO_TIER),
@@ -30,7 +31,7 @@ def served(tmp_path_factory):
         data_dir()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    serve = ServeProcess("smollm2-135m", 2, TIERS_CPU_TWO_TIER, tmp_path_factory.mktemp("serve"))
+    serve = ServeProcess("smollm2-135m", 2, TIERS_CPU_TWO_TIER, tmp_path_factory.mktemp("serve"), profile=SYNTHETIC)
     try:
         yield serve.wait_url()
     finally:

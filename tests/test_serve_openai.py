@@ -32,7 +32,9 @@ class Serve:
 
     def __init__(self, tmp: Path, args: tuple[str, ...] = (), command: tuple[str, ...] | None = None):
         self.log_dir = tmp / "logs"
-        command = command or ("serve", "--devices", "1", "--log-dir", str(self.log_dir))
+        # The analytic profile: measuring this machine's (serve's default) is
+        # tests/test_machine_profile.py's subject, and a minute per serve here.
+        command = command or ("serve", "--devices", "1", "--profile", "synthetic", "--log-dir", str(self.log_dir))
         self.prog = f"tiertp {command[0]}"
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "tiertp.cli", *command, "--model", MODEL, "--port", "0",

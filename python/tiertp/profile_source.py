@@ -8,6 +8,8 @@ import argparse
 from tiertp import _scheduler
 
 SYNTHETIC = "synthetic"
+# `tiertp serve`'s default: this machine's profile, measured once and cached.
+MEASURED = "measured"
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from tiertp.commands.cluster_spec import WorkerEntry, cluster_workers, parse_worker
 from tiertp.commands.gateway_options import ServeInputError, add_gateway_options, gateway_settings
+from tiertp.profile_source import MEASURED, SYNTHETIC
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
 from tiertp.worker.config import check_tp_levels
 
@@ -77,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     if max(args.tp_levels) > largest.devices:
         raise ServeInputError(f"--tp-levels {max(args.tp_levels)}: no node has that many devices (the largest, "
                               f"{largest.endpoint}, has {largest.devices}); a TP group stays inside one node")
+    if args.profile == MEASURED:
+        raise ServeInputError(f"--profile {MEASURED}: the gateway has no devices of its own to measure; give a "
+                              f"profile of the agents' machines (`tiertp profile` there) or {SYNTHETIC}")
     settings = gateway_settings(args)
     devices = sum(n.devices for n in nodes)
     with stop_on_signals() as stop:

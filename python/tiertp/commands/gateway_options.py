@@ -15,7 +15,7 @@ from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT, SAMPLI
 from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
-from tiertp.profile_source import SYNTHETIC
+from tiertp.profile_source import MEASURED, SYNTHETIC
 from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -29,7 +29,8 @@ class ServeInputError(ValueError):
     ValueError."""
 
 
-def add_gateway_options(p: argparse.ArgumentParser, model_help: str, tp_levels_help: str) -> None:
+def add_gateway_options(p: argparse.ArgumentParser, model_help: str, tp_levels_help: str,
+                        profile_default: str = SYNTHETIC, profile_help: str = "") -> None:
     """--model, --tp-levels, --tiers, --profile, --window, --sampling-defaults, --host, --port."""
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"embedded model ({', '.join(EMBEDDED_MODELS)}) or an HF model directory{model_help} "
@@ -38,9 +39,9 @@ def add_gateway_options(p: argparse.ArgumentParser, model_help: str, tp_levels_h
     p.add_argument("--tiers", type=Path, default=None,
                    help="tier TOML (names, SLOs, weights, api_keys, max_concurrent_requests, "
                         "max_requests_per_minute; default: the embedded tiers)")
-    p.add_argument("--profile", default=SYNTHETIC,
+    p.add_argument("--profile", default=profile_default,
                    help=f"TP performance profile JSON the planner uses (e.g. written by `tiertp profile`), "
-                        f"or '{SYNTHETIC}' for the analytic model (default: {SYNTHETIC})")
+                        f"or '{SYNTHETIC}' for the analytic model{profile_help} (default: {profile_default})")
     p.add_argument("--window", type=float, default=None, metavar="S",
                    help="control window in seconds, 0.25-5: the planner runs and worker health is polled this "
                         "often (default: the gateway's)")
@@ -61,8 +62,8 @@ class GatewaySettings:
     model: str  # the name clients ask for
     model_dir: Path  # the tokenizer and the generation config
     tp_levels: list[int]
-    profile: str  # as given: a file or SYNTHETIC
-    profile_path: str | None  # None: the synthetic profile
+    profile: str  # as given: a file, SYNTHETIC or MEASURED
+    profile_path: str | None  # None: the synthetic profile (MEASURED: until serve has measured it)
     host: str
     port: int
     window: float | None
@@ -110,7 +111,7 @@ def _check_profile(profile: str, tp_levels: list[int]) -> str | None:
     now so that a bad file is a one-line error before anything starts."""
     from tiertp import _scheduler
 
-    if profile == SYNTHETIC:
+    if profile in (SYNTHETIC, MEASURED):
         return None
     if not Path(profile).is_file():
         raise ServeInputError(f"--profile {profile}: no such file")

@@ -5,9 +5,10 @@ CPU) as a subprocess, waits until it answers a ping and every device has
 served a one-token warm-up request, then runs the gateway (Rust, in this
 process) pointed at it: tiers and their API keys and limits from the tier
 file, the control loop planning over the workers' devices with the profile
-(--profile) at the TP levels the workers run (--tp-levels: with more than
-one, every window's plan may merge or split devices' TP groups, and the
-agent switches its warm processes in milliseconds). Prints the URL, each tier's API
+(--profile; by default this machine's, measured once and cached) at the TP
+levels the workers run (--tp-levels: with more than one, every window's plan
+may merge or split devices' TP groups, and the agent switches its warm
+processes in milliseconds). Prints the URL, each tier's API
 key and how to call it (curl, openai SDK), serves until SIGINT (Ctrl-C) or
 SIGTERM, then stops the gateway, the agent and every execution process. With
 no options it serves SmolLM2-135M with the embedded tiers on
@@ -21,6 +22,7 @@ names one to use instead, e.g. to ask the agent for its stats meanwhile).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -32,8 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tiertp.commands.banner import first_tier
-from tiertp.commands.gateway_options import ServeInputError, add_gateway_options, gateway_settings
+from tiertp.commands.gateway_options import GatewaySettings, ServeInputError, add_gateway_options, gateway_settings
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
+from tiertp.profile_source import MEASURED
 from tiertp.worker.config import AgentConfig
 from tiertp.ports import free_port
 
@@ -51,7 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p, model_help="",
         tp_levels_help="candidate TP levels, e.g. 1,2 (powers of two, at most --devices, that split the "
                        "model's heads): the agent keeps a warm process per aligned group at each level and "
-                       "the planner may switch between them every window (default: 1, no switching)")
+                       "the planner may switch between them every window (default: 1, no switching)",
+        profile_default=MEASURED,
+        profile_help=f", or '{MEASURED}': this machine's, measured once with `tiertp profile --quick` at these "
+                     f"TP levels (about a minute per level) and cached by model, device and TP levels")
     p.add_argument("--worker-port", type=int, default=0,
                    help="loopback TCP port of the agent's ZeroMQ socket (0: a free one)")
     p.add_argument("--ready-timeout", type=float, default=600.0,
@@ -190,6 +196,18 @@ class Agent:
         self.popen.wait(timeout=10)
 
 
+def _with_machine_profile(settings: GatewaySettings, model: str, devices: int) -> GatewaySettings:
+    """`settings` planning with this machine's cached profile of `model`,
+    measured now if there is none: before the agent starts, so that nothing
+    else loads the cores, and with the cores the agent gives each device."""
+    from tiertp.profiling.machine_profile import machine_profile
+
+    cores = AgentConfig(devices=devices, tp_levels=tuple(settings.tp_levels)).resolved_cores_per_device()
+    path = machine_profile(model, "cpu", settings.tp_levels, cores,
+                           announce=lambda line: print(f"tiertp serve: {line}", flush=True))
+    return dataclasses.replace(settings, profile=str(path), profile_path=str(path))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.devices < 1:
         raise ServeInputError(f"--devices must be >= 1, got {args.devices}")
@@ -206,6 +224,15 @@ def run(args: argparse.Namespace) -> int:
     key_file = args.key_file
     if key_file is not None:
         load_key_file(key_file)  # a bad one is an error before anything starts
+    if settings.profile == MEASURED:
+        from tiertp.engine.isolated import IsolatedRunError
+
+        try:
+            settings = _with_machine_profile(settings, args.model, args.devices)
+        except IsolatedRunError as e:
+            print(f"tiertp serve: error: measuring this machine's profile failed ({e}); serve with --profile "
+                  "synthetic or a profile file instead", file=sys.stderr, flush=True)
+            return 1
     worker_port = args.worker_port or free_port("127.0.0.1")
     endpoint = f"tcp://127.0.0.1:{worker_port}"
     # Private to this user (mode 0700): the logs unless --log-dir, the key unless --key-file.

@@ -15,7 +15,7 @@ under the cache directory and reused afterwards:
   vocabulary is SmolLM2's (49,152); everything else is tiny. Weights come
   from a fixed seed, so every machine builds the same model.
 
-The cache is ``$TIERTP_CACHE_DIR/models`` (default ``~/.cache/tiertp/models``),
+The cache is ``$TIERTP_CACHE/models`` (default ``~/.cache/tiertp/models``),
 never inside the repository. Builds write to a temporary directory and rename
 it into place under a file lock, so concurrent processes (parallel tests) see
 either no model or a complete one.
@@ -32,6 +32,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tiertp.cache import cache_root
 
 # Bump when the built files change, so stale caches are rebuilt, not reused.
 _CACHE_VERSION = "v2"  # v2: generation_config.json (smollm2-135m)
@@ -51,9 +53,8 @@ class EmbeddedModel:
 
 
 def cache_dir() -> Path:
-    """Where built models live: $TIERTP_CACHE_DIR/models or ~/.cache/tiertp/models."""
-    root = os.environ.get("TIERTP_CACHE_DIR") or Path.home() / ".cache" / "tiertp"
-    return Path(root) / "models"
+    """Where built models live: models/ under the cache root (tiertp.cache)."""
+    return cache_root() / "models"
 
 
 def check_model_dir(path: Path) -> None:

@@ -29,7 +29,7 @@ class ServeProcess:
     """A running `tiertp serve --devices N --model M --tiers T --port 0`."""
 
     def __init__(self, model: str, devices: int, tiers_path: Path, log_dir: Path, ready_timeout_s: float = 600.0,
-                 cpus: list[int] | None = None, profile: Path | None = None, window_s: float | None = None,
+                 cpus: list[int] | None = None, profile: Path | str | None = None, window_s: float | None = None,
                  tp_levels: list[int] | None = None, worker_port: int | None = None):
         """`cpus`: run serve and everything it starts on these cores only (the
         engines size their thread pools from this affinity mask). `profile` /

@@ -111,8 +111,16 @@ def prompt_lengths(batch_tokens: int, batch_size: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(batch_size)]
 
 
+# On CPU one core stands in for one device by default: TP k runs k
+# single-threaded ranks. Splitting all cores over the ranks instead would give
+# TP1 every core and make the table compare core counts rather than TP
+# levels; single-threaded ranks are also far less disturbed by other load.
+CPU_CORES_PER_RANK = 1
+
 # The one list of grids, by (device, quick). CPU grids are sized for a
-# 2-core machine; the quick ones for a test that must finish in about a minute.
+# 2-core machine. The quick ones take about a minute per TP level for
+# SmolLM2-135M and still span what a served request does (prompts up to
+# 1024 tokens, decode batches up to 16): `tiertp serve` plans with one.
 GRIDS: dict[tuple[str, bool], Grid] = {
     ("cpu", False): Grid(
         prefill_batch_tokens=(16, 64, 256, 1024),
@@ -123,10 +131,10 @@ GRIDS: dict[tuple[str, bool], Grid] = {
         repeats=3,
     ),
     ("cpu", True): Grid(
-        prefill_batch_tokens=(8, 32),
-        prefill_batch_size=(1, 2),
-        decode_batch_size=(1, 2),
-        decode_context_len=(16, 64),
+        prefill_batch_tokens=(8, 128, 1024),
+        prefill_batch_size=(1, 4),
+        decode_batch_size=(1, 4, 16),
+        decode_context_len=(32, 1024),
         warmup=1,
         repeats=2,
     ),

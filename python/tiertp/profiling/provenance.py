@@ -76,8 +76,8 @@ def describe(req, grid, model_path: Path, progress, *, max_total_tokens: int | N
             )
     if req.device == "cpu":
         notes.append(
-            f"each TP rank ran single-threaded on {cores_per_rank} core(s) (OMP_NUM_THREADS={cores_per_rank}): "
-            "on CPU a core stands in for a device, so TP k uses k cores"
+            f"each TP rank ran on {cores_per_rank} core(s) (OMP_NUM_THREADS={cores_per_rank}): "
+            f"on CPU {cores_per_rank} core(s) stand in for a device, so TP k uses k x {cores_per_rank} cores"
         )
         notes.append(
             "no kv_capacity_tokens: on CPU the KV pool is sized by the measurement "

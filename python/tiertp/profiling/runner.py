@@ -18,7 +18,7 @@ from tiertp.engine.models import model_name, resolve_model
 from tiertp.profiles.models import DecoderShape
 from tiertp.profiling import provenance
 from tiertp.profiling.checkpoint import checkpoint_path, open_checkpoint, read_records
-from tiertp.profiling.grid import Grid, check_tp_fits_model, grid_for, measured_cells
+from tiertp.profiling.grid import CPU_CORES_PER_RANK, Grid, check_tp_fits_model, grid_for, measured_cells
 from tiertp.profiling.measure import measure_level
 from tiertp.profiling.writer import build_profile, write_validated
 from tiertp.weights.checkpoint import read_config
@@ -28,11 +28,6 @@ log = logging.getLogger(__name__)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Extra KV slots beyond what the grid needs (page rounding, the padding slot).
 _KV_MARGIN_TOKENS = 256
-# On CPU one core stands in for one device: TP k runs k single-threaded ranks.
-# Splitting all cores over the ranks instead would give TP1 every core and
-# make the table compare core counts rather than TP levels; single-threaded
-# ranks are also far less disturbed by other load on the machine.
-CPU_CORES_PER_RANK = 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +41,9 @@ class ProfileRequest:
     gpu: str | None = None  # the profile's "gpu" field; default from the device
     level_timeout_s: float = 3600.0
     seed: int = 0
+    # CPU: cores each TP rank runs on. 1 makes the table compare TP levels;
+    # `tiertp serve` measures with its worker's cores per device instead.
+    cores_per_rank: int = CPU_CORES_PER_RANK
 
 
 def kv_bytes_per_token(shape: DecoderShape, dtype: str) -> int:
@@ -53,7 +51,8 @@ def kv_bytes_per_token(shape: DecoderShape, dtype: str) -> int:
     return shape.layers * 2 * shape.kv_dim * _DTYPE_BYTES[dtype]
 
 
-def checkpoint_header(model: str, device: str, grid: Grid, seed: int) -> dict:
+def checkpoint_header(model: str, device: str, grid: Grid, seed: int,
+                      cores_per_rank: int = CPU_CORES_PER_RANK) -> dict:
     """What a checkpoint must match to be resumed: everything that changes the numbers."""
     return {
         "model": model,
@@ -61,7 +60,7 @@ def checkpoint_header(model: str, device: str, grid: Grid, seed: int) -> dict:
         "dtype": sglang_compat.engine_kwargs(device, 1)["dtype"],
         "grid": grid.to_dict(),
         "seed": seed,
-        "cores_per_rank": CPU_CORES_PER_RANK if device == "cpu" else None,
+        "cores_per_rank": cores_per_rank if device == "cpu" else None,
         "sglang": provenance.package_version("sglang"),
     }
 
@@ -77,7 +76,7 @@ def run_profile(req: ProfileRequest, progress_bar: bool = True) -> dict:
     check_tp_fits_model(req.tp_levels, shape.heads, shape.kv_heads, name)
     grid = grid_for(req.device, req.quick)
     dtype = sglang_compat.engine_kwargs(req.device, 1)["dtype"]
-    run = checkpoint_header(name, req.device, grid, req.seed)
+    run = checkpoint_header(name, req.device, grid, req.seed, req.cores_per_rank)
     ckpt = checkpoint_path(req.out)
     progress = open_checkpoint(ckpt, run, restart=req.restart)
     todo = {tp: [c for c in measured_cells(grid) if not progress.done(tp, c)] for tp in req.tp_levels}
@@ -100,7 +99,7 @@ def run_profile(req: ProfileRequest, progress_bar: bool = True) -> dict:
                 "cells": [[c.table, c.x, c.y] for c in todo[tp]],
                 "checkpoint": str(ckpt),
                 "max_total_tokens": kv_pool,
-                "cores_per_rank": CPU_CORES_PER_RANK if req.device == "cpu" else None,
+                "cores_per_rank": req.cores_per_rank if req.device == "cpu" else None,
                 "seed": req.seed,
             }
             run_isolated(
@@ -123,7 +122,7 @@ def run_profile(req: ProfileRequest, progress_bar: bool = True) -> dict:
         tp_levels=req.tp_levels,
         progress=progress,
         provenance=provenance.describe(
-            req, grid, path, progress, max_total_tokens=kv_pool, cores_per_rank=CPU_CORES_PER_RANK
+            req, grid, path, progress, max_total_tokens=kv_pool, cores_per_rank=req.cores_per_rank
         ),
     )
     write_validated(doc, req.out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tiertp.cache import cache_root
+
 
 def kernel_dir() -> Path:
     """kernels/kv_migrate of this checkout (TIERTP_KERNELS overrides the kernels/ root)."""
@@ -14,5 +16,5 @@ def kernel_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """Build cache: $TIERTP_CACHE, else ~/.cache/tiertp."""
-    return Path(os.environ.get("TIERTP_CACHE", Path.home() / ".cache" / "tiertp"))
+    """Build cache: the cache root (tiertp.cache)."""
+    return cache_root()
