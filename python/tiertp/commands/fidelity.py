@@ -28,12 +28,10 @@ from tiertp.commands.load_arguments import (
     add_client_limit_arguments,
     add_length_cap_arguments,
     add_load_arguments,
-    client_limits,
-    length_caps,
-    tier_rule,
+    live_client_settings,
+    workload_settings,
 )
 from tiertp.commands.worker import parse_tp_levels
-from tiertp.replay.tier_configs import resolve_tiers
 
 
 def _cpus(spec: str) -> list[int]:
@@ -124,15 +122,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--profile {args.profile}: no such file")
     tp_levels = check_tp_levels(args)
     cfg = FidelityConfig(
-        traces=args.trace,
-        rps=args.rps,
-        duration_s=args.duration,
+        **workload_settings(args),
+        **live_client_settings(args),
         out=args.out,
-        tiers_path=resolve_tiers(args.tiers),
-        tier_rule=tier_rule(args),
-        seed=args.seed,
-        caps=length_caps(args),
-        limits=client_limits(args),
         model=args.model,
         devices=args.devices,
         tp_levels=tp_levels,

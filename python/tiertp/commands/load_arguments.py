@@ -8,6 +8,7 @@ import argparse
 
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
+from tiertp.replay.tier_configs import resolve_tiers
 from tiertp.replay.workload import DEFAULT_TIER_MAP, TierRule
 from tiertp.traces import NAMED_TRACES
 
@@ -78,3 +79,16 @@ def length_caps(args: argparse.Namespace) -> LengthCaps:
 
 def client_limits(args: argparse.Namespace) -> Limits:
     return Limits(first_token_s=args.first_token_timeout, stall_s=args.stall_timeout, total_s=args.request_timeout)
+
+
+def workload_settings(args: argparse.Namespace) -> dict:
+    """What `add_load_arguments` asked for, as the keyword arguments the
+    replay and fidelity configs share (traces, tiers, tier rule, loads, seed)."""
+    return dict(traces=args.trace, tiers_path=resolve_tiers(args.tiers), tier_rule=tier_rule(args), rps=args.rps,
+                duration_s=args.duration, seed=args.seed)
+
+
+def live_client_settings(args: argparse.Namespace) -> dict:
+    """What `add_length_cap_arguments` and `add_client_limit_arguments` asked
+    for, as the config keyword arguments `caps` and `limits`."""
+    return dict(caps=length_caps(args), limits=client_limits(args))

@@ -37,15 +37,14 @@ from tiertp.commands.load_arguments import (
     add_client_limit_arguments,
     add_length_cap_arguments,
     add_load_arguments,
-    client_limits,
-    length_caps,
-    tier_rule,
+    live_client_settings,
+    workload_settings,
 )
 from tiertp.profile_source import add_profile_arguments, load_profile
 from tiertp.replay import ablation, presets
 from tiertp.replay.driver import ReplayConfig, replay
 from tiertp.replay.policies import ALL
-from tiertp.replay.tier_configs import TIER_CONFIGS, resolve_tiers
+from tiertp.replay.tier_configs import TIER_CONFIGS
 
 # The values of the arguments a preset may also set. The parser leaves them
 # None, so that a flag given on the command line can be told from one left
@@ -168,20 +167,15 @@ def run_sim(args: argparse.Namespace) -> int:
         raise ValueError("--max-prompt-tokens/--max-output-tokens go with --live (the simulated replay "
                          "replays the trace's lengths)")
     cfg = ReplayConfig(
-        traces=args.trace,
-        tiers_path=resolve_tiers(args.tiers),
+        **workload_settings(args),
         profile=load_profile(args, default_gpu="h100", default_model="llama-3.1-8b"),
         gpus=args.gpus,
         out=args.out,
-        tier_rule=tier_rule(args),
         policies=args.policies,
-        rps=args.rps,
-        duration_s=args.duration,
         gpus_per_node=args.gpus_per_node,
         window_s=args.window,
         switch_ms=args.switch_ms,
         kv_gbps=args.kv_gbps,
-        seed=args.seed,
         plot_rps=args.plot_rps,
         plots=not args.no_plots,
         progress=not args.no_progress,
@@ -210,16 +204,10 @@ def run_live(args: argparse.Namespace) -> int:
     if args.profile or args.gpu or args.model:
         raise ValueError("--live replays against a server: --profile/--gpu/--model do not apply")
     cfg = LiveReplayConfig(
+        **workload_settings(args),
+        **live_client_settings(args),
         url=args.live,
-        traces=args.trace,
-        tiers_path=resolve_tiers(args.tiers),
         out=args.out,
-        tier_rule=tier_rule(args),
-        rps=args.rps,
-        duration_s=args.duration,
-        seed=args.seed,
-        caps=length_caps(args),
-        limits=client_limits(args),
         tokenizer=args.tokenizer,
         served_model=args.served_model,
         api_keys=parse_api_keys(args.api_key),
