@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 from tiertp.commands.cluster_spec import WorkerEntry, cluster_workers, parse_worker
 from tiertp.commands.gateway_options import ServeInputError, add_gateway_options, gateway_settings
-from tiertp.profile_source import MEASURED, SYNTHETIC
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
+from tiertp.profile_source import MEASURED, SYNTHETIC
 from tiertp.worker.config import check_tp_levels
 
 if TYPE_CHECKING:
