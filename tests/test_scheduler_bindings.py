@@ -8,18 +8,9 @@ import json
 import pytest
 
 from tiertp import _scheduler as s
+from tier_files import tier_text
 
-TIERS = """
-[[tier]]
-name = "chat"
-ttft_ms = 600
-tpot_ms = 60
-weight = 2.0
-
-[[tier]]
-name = "batch"
-background = true
-"""
+TIERS = tier_text("bindings")
 
 
 @pytest.fixture()

@@ -21,28 +21,9 @@ from tiertp.profiles import resolve
 from tiertp.worker.key_file import load_key_file, write_key_file
 from tiertp.worker.stats_query import ask_stats
 from tiertp.ports import free_port
+from tier_files import tier_text
 
-TIERS = """
-[[tier]]
-name = "chat"
-ttft_ms = 600
-tpot_ms = 60
-weight = 2.0
-api_keys = ["sk-chat"]
-
-[[tier]]
-name = "agent"
-ttft_ms = 3000
-tpot_ms = 150
-api_keys = ["sk-agent"]
-
-[[tier]]
-name = "trial"
-background = true
-api_keys = ["sk-trial"]
-max_requests_per_minute = 1
-max_concurrent_requests = 4
-"""
+TIERS = tier_text("serve-control")
 KEYS = {"chat": "sk-chat", "agent": "sk-agent"}
 WAIT_S = 120
 

@@ -29,14 +29,9 @@ from test_serve_openai import MODEL, Serve
 from tiertp.worker.key_file import write_key_file
 from tiertp.worker.stats_query import StatsUnanswered, ask_stats
 from tiertp.ports import free_port
+from tier_files import tier_text
 
-TIERS = """
-[[tier]]
-name = "chat"
-ttft_ms = 60000
-tpot_ms = 10000
-api_keys = ["sk-chat"]
-"""
+TIERS = tier_text("serve-multinode")
 KEY = "sk-chat"
 CLIENTS = 4
 MAX_TOKENS = 16

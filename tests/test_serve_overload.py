@@ -18,20 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from test_serve_control import started_with_tiers
+from tier_files import tier_text
 
-TIERS = """
-[[tier]]
-name = "tight"
-ttft_ms = 60
-tpot_ms = 2000
-api_keys = ["sk-tight"]
-
-[[tier]]
-name = "queued"
-ttft_ms = 400
-tpot_ms = 5000
-api_keys = ["sk-queued"]
-"""
+TIERS = tier_text("serve-overload")
 BURST = 48
 
 

@@ -20,14 +20,9 @@ import openai
 import pytest
 from test_serve_control import agent_stats, gateway_plan, started_with_tiers
 from test_serve_openai import MODEL
+from tier_files import tier_text
 
-TIERS = """
-[[tier]]
-name = "fast"
-ttft_ms = 5000
-tpot_ms = 6
-api_keys = ["sk-fast"]
-"""
+TIERS = tier_text("serve-tp-switching")
 WAIT_S = 180
 PROMPT = "the quick brown fox"
 

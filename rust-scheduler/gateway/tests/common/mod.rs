@@ -18,19 +18,7 @@ use tiertp_gateway::server::{run_gateway, GatewayHandle};
 use tiertp_gateway::worker::mock::{self, MockConfig, MockWorker};
 use tiertp_scheduler::tiers::TierSet;
 
-pub const TIERS: &str = r#"
-[[tier]]
-name = "chat"
-ttft_ms = 500
-tpot_ms = 50
-api_keys = ["sk-chat"]
-
-[[tier]]
-name = "slow"
-ttft_ms = 5000
-tpot_ms = 200
-api_keys = ["sk-slow"]
-"#;
+pub const TIERS: &str = include_str!("../tiers.toml");
 
 pub const BOUND: Duration = Duration::from_secs(20);
 
