@@ -196,14 +196,13 @@ class Agent:
         self.popen.wait(timeout=10)
 
 
-def _with_machine_profile(settings: GatewaySettings, model: str, devices: int) -> GatewaySettings:
+def _with_machine_profile(settings: GatewaySettings, model: str, cores_per_device: int) -> GatewaySettings:
     """`settings` planning with this machine's cached profile of `model`,
     measured now if there is none: before the agent starts, so that nothing
     else loads the cores, and with the cores the agent gives each device."""
     from tiertp.profiling.machine_profile import machine_profile
 
-    cores = AgentConfig(devices=devices, tp_levels=tuple(settings.tp_levels)).resolved_cores_per_device()
-    path = machine_profile(model, "cpu", settings.tp_levels, cores,
+    path = machine_profile(model, "cpu", settings.tp_levels, cores_per_device,
                            announce=lambda line: print(f"tiertp serve: {line}", flush=True))
     return dataclasses.replace(settings, profile=str(path), profile_path=str(path))
 
@@ -214,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     # The planner uses only the TP levels the workers run. Checked here, as
     # the agent would, so a bad level is a one-line error before anything starts.
     try:
-        AgentConfig(devices=args.devices, tp_levels=tuple(args.tp_levels))
+        agent_config = AgentConfig(devices=args.devices, tp_levels=tuple(args.tp_levels))
     except ValueError as e:
         raise ServeInputError(str(e)) from None
     settings = gateway_settings(args)
@@ -228,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         from tiertp.engine.isolated import IsolatedRunError
 
         try:
-            settings = _with_machine_profile(settings, args.model, args.devices)
+            settings = _with_machine_profile(settings, args.model, agent_config.resolved_cores_per_device())
         except IsolatedRunError as e:
             print(f"tiertp serve: error: measuring this machine's profile failed ({e}); serve with --profile "
                   "synthetic or a profile file instead", file=sys.stderr, flush=True)

@@ -74,7 +74,7 @@ def machine_profile(model: str, device: str, tp_levels: list[int] | tuple[int, .
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(f".{path.stem}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _usable(path, key):  # another process measured it meanwhile
+        if _usable(path, key, warn=False):  # another process measured it meanwhile
             return path
         levels = ", ".join(f"TP{t}" for t in key.tp_levels)
         announce(f"measuring this machine's profile of {key.model} ({device}, {levels}) once, about a minute "
@@ -86,13 +86,15 @@ def machine_profile(model: str, device: str, tp_levels: list[int] | tuple[int, .
     return path
 
 
-def _usable(path: Path, key: MachineProfileKey) -> bool:
-    """Whether `path` is a profile the planner can load with a table for every level."""
+def _usable(path: Path, key: MachineProfileKey, warn: bool = True) -> bool:
+    """Whether `path` is a profile the planner can load with a table for every
+    level (`warn`: say why a file that is there is not)."""
     if not path.is_file():
         return False
     try:
         loaded = _scheduler.Profile.load(str(path))
     except ValueError as e:
-        log.warning("cached profile %s does not load (%s): measuring it again", path, e)
+        if warn:
+            log.warning("cached profile %s does not load (%s): measuring it again", path, e)
         return False
     return set(key.tp_levels) <= set(loaded.tp_levels)
