@@ -66,7 +66,7 @@ async fn an_agent_down_at_start_joins_when_it_comes_up() {
         MockWorker::start(MockConfig::default()).await.unwrap(),
     ];
     // The second node's agent is not up yet: the gateway starts anyway.
-    w[1].kill();
+    w[1].kill_and_wait().await;
     let gw = gateway_for(&w, |c| {
         c.window = Duration::from_millis(250);
         c.connect_timeout = Duration::from_millis(300);

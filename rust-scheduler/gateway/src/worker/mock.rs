@@ -392,6 +392,19 @@ impl MockWorker {
         self.devices.lock().unwrap().dead[device as usize] = false;
     }
 
+    /// Dies like `kill`, and returns once its tasks have ended, so that the
+    /// socket they held is closed: a client dialling now finds nobody.
+    pub async fn kill_and_wait(&mut self) {
+        let tasks: Vec<JoinHandle<()>> = self.tasks.drain(..).collect();
+        for t in &tasks {
+            t.abort();
+        }
+        self.kill();
+        for t in tasks {
+            let _ = t.await; // cancelled: its socket half is dropped
+        }
+    }
+
     /// Dies: drops the socket and every running request without a reply.
     pub fn kill(&mut self) {
         for t in self.tasks.drain(..) {
