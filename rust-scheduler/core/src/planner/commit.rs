@@ -55,9 +55,10 @@ fn short_of_floor(fraction: f64, estimates: &[TierEstimate], plan: &Plan) -> usi
 }
 
 /// Weighted requests a switch from `current` to `proposal` loses: each
-/// stopped group's weighted goodput over its stop time.
+/// stopped group's weighted goodput over its stop time, and the running
+/// requests that do not fit the proposal's decode slots.
 pub fn switch_loss(i: &CommitInput) -> f64 {
-    let mut loss = 0.0;
+    let mut loss = evicted(i);
     for g in &i.current.groups {
         if i.proposal.groups.iter().any(|n| n.same_assignment(g)) {
             continue;
@@ -71,6 +72,44 @@ pub fn switch_loss(i: &CommitInput) -> f64 {
         loss += i.tiers[g.tier].weight * g.capacity_rps * stop_s;
     }
     loss
+}
+
+/// The share of the current plan's capacity for `tier` that its demand uses.
+fn busy_share(i: &CommitInput, tier: usize) -> f64 {
+    let capacity = i.current.tier_capacity_rps[tier];
+    if capacity > 0.0 {
+        (i.estimates[tier].stats.served(1.0, capacity) / capacity).min(1.0)
+    } else {
+        0.0
+    }
+}
+
+/// Weighted running requests a switch leaves without a decode slot: the
+/// slots the current decode and colocated groups that meet their tier's
+/// SLO hold busy (at the share of its capacity each tier's demand uses)
+/// beyond all such slots of the proposal. Those requests were promised a
+/// TPOT they now miss: a plan built for a burst of prompts must repay the
+/// decodes it evicts. Counted over all tiers together, since a pool's
+/// members and a lending tier's borrowers decode on other tiers' groups.
+fn evicted(i: &CommitInput) -> f64 {
+    let slo_slots = |plan: &Plan, tier: usize| -> f64 {
+        plan.groups
+            .iter()
+            .filter(|g| g.tier == tier && g.role != Role::Prefill && g.slo_budget > 0)
+            .map(|g| f64::from(g.batch_cap))
+            .sum()
+    };
+    let (mut busy, mut weighted_busy, mut after) = (0.0, 0.0, 0.0);
+    for t in 0..i.tiers.len() {
+        let slots = busy_share(i, t) * slo_slots(i.current, t);
+        busy += slots;
+        weighted_busy += i.tiers[t].weight * slots;
+        after += slo_slots(i.proposal, t);
+    }
+    if busy <= after {
+        return 0.0;
+    }
+    (busy - after) * weighted_busy / busy
 }
 
 pub fn worth_committing(i: &CommitInput) -> bool {
@@ -92,4 +131,81 @@ pub fn worth_committing(i: &CommitInput) -> bool {
     }
     let gain = (i.proposed_objective - i.current_objective) * i.horizon_s;
     gain > switch_loss(i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimator::estimate_tier;
+    use crate::profile::synthetic;
+    use crate::stats::TierStats;
+    use crate::tiers::Tier;
+
+    fn group(role: Role, first_gpu: u32, capacity_rps: f64, batch_cap: u32) -> crate::plan::GroupPlan {
+        crate::plan::GroupPlan {
+            tier: 0,
+            role,
+            tp: 4,
+            first_gpu,
+            capacity_rps,
+            batch_cap,
+            token_cap: if role == Role::Prefill { 4096 } else { 0 },
+            slo_budget: if role == Role::Prefill { 8192 } else { u64::from(batch_cap) },
+        }
+    }
+
+    fn plan(groups: Vec<crate::plan::GroupPlan>, capacity: f64) -> Plan {
+        Plan {
+            num_gpus: 12,
+            groups,
+            tier_capacity_rps: vec![capacity],
+        }
+    }
+
+    /// Current: one prefill and two full decode groups (100 running each);
+    /// proposal: two prefill groups and one decode group.
+    fn commit_with_gain(objective_gain_rps: f64) -> bool {
+        let tiers = [Tier::slo_tier("chat", 200.0, 10.0, 1.0)];
+        let profile = synthetic::llama8b_like();
+        let estimates = [estimate_tier(&profile, 0, &tiers[0], TierStats::new(80.0, 1000.0, 200.0), &[4])];
+        let current = plan(
+            vec![
+                group(Role::Prefill, 0, 40.0, 8),
+                group(Role::Decode, 4, 30.0, 100),
+                group(Role::Decode, 8, 30.0, 100),
+            ],
+            40.0,
+        );
+        let proposal = plan(
+            vec![
+                group(Role::Prefill, 0, 40.0, 8),
+                group(Role::Prefill, 4, 40.0, 8),
+                group(Role::Decode, 8, 30.0, 100),
+            ],
+            30.0,
+        );
+        worth_committing(&CommitInput {
+            tiers: &tiers,
+            estimates: &estimates,
+            current: &current,
+            proposal: &proposal,
+            current_objective: 40.0,
+            proposed_objective: 40.0 + objective_gain_rps,
+            hysteresis: 0.05,
+            horizon_s: 10.0,
+            switch_cost: SwitchCost {
+                stop_ms: 1.0,
+                kv_gbps: 1e6,
+            },
+            kv_bytes_per_token: 0.0,
+        })
+    }
+
+    #[test]
+    fn a_switch_that_evicts_running_decodes_must_repay_them() {
+        // 100 running requests lose their decode slot: 5 req/s more for the
+        // 10 s horizon (50) does not repay them, 15 req/s (150) does.
+        assert!(!commit_with_gain(5.0));
+        assert!(commit_with_gain(15.0));
+    }
 }

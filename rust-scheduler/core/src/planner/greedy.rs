@@ -379,7 +379,7 @@ const FLOOR_PRIORITY: f64 = 1e6;
 
 /// A tier counts as covered when at most this fraction of its demand goes
 /// unserved (a bursty tier's busiest windows may exceed any capacity).
-const COVERED_SHORTFALL: f64 = 0.01;
+pub(super) const COVERED_SHORTFALL: f64 = 0.01;
 
 /// Surges tried, largest first (each a re-plan): headroom for a burst of
 /// 4x the observed mix, else 2x, else 1.4x.

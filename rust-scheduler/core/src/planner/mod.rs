@@ -8,6 +8,7 @@ mod commit;
 mod diff;
 pub mod fairness;
 mod greedy;
+mod layout_search;
 pub use fairness::{FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_SHARE};
 mod placement;
 mod sharing;
@@ -207,38 +208,67 @@ impl Planner {
         Ok((plan, estimates))
     }
 
-    /// The per-tier proposal, or the best pooled one where the demand
-    /// allows a pool and it is worth more (`sharing`).
+    /// The best of the per-tier proposal and the pooled ones where the
+    /// demand allows a pool (`sharing`). Where that leaves demand unserved
+    /// and one tier's groups serve all (a pool's host, or the only tier
+    /// with demand), also that tier's layout of the most capacity, found by
+    /// enumeration (`layout_search`): the greedy's headroom rules are for
+    /// demand it covers. Earlier candidates win ties.
     fn best_proposal(&self, estimates: &[TierEstimate]) -> Plan {
         let tiers = self.tiers.tiers();
-        let per_tier = self.propose_at(estimates, &self.basis(estimates, Sharing::PerTier), &self.tp_levels);
-        let Some(pool) = sharing::pool_for(tiers, estimates) else {
-            return per_tier;
-        };
-        let pool = self.basis(estimates, pool);
-        // The pool on all levels, and on each level alone: a mix of levels the
-        // greedy builds tier by tier can split GPUs that one level's groups use whole.
-        let (pooled, pooled_value) = std::iter::once(self.propose_at(estimates, &pool, &self.tp_levels))
-            .chain(
-                self.tp_levels
-                    .iter()
-                    .filter(|_| self.tp_levels.len() > 1)
-                    .map(|&tp| self.propose_at(estimates, &pool, &[tp])),
-            )
-            .map(|p| {
-                let v = objective(tiers, estimates, &p);
-                (p, v)
-            })
-            .fold(None, |best: Option<(Plan, f64)>, (p, v)| match best {
-                Some((bp, bv)) if bv >= v => Some((bp, bv)),
-                _ => Some((p, v)),
-            })
-            .expect("at least the all-levels pool");
-        if pooled_value > objective(tiers, estimates, &per_tier) * (1.0 + 1e-9) {
-            pooled
-        } else {
-            per_tier
+        let per_tier_basis = self.basis(estimates, Sharing::PerTier);
+        let mut candidates = vec![self.propose_at(estimates, &per_tier_basis, &self.tp_levels)];
+        let pool = sharing::pool_for(tiers, estimates).map(|pool| self.basis(estimates, pool));
+        if let Some(pool) = &pool {
+            // The pool on all levels, and on each level alone: a mix of levels the
+            // greedy builds tier by tier can split GPUs that one level's groups use whole.
+            candidates.push(self.propose_at(estimates, pool, &self.tp_levels));
+            if self.tp_levels.len() > 1 {
+                candidates.extend(self.tp_levels.iter().map(|&tp| self.propose_at(estimates, pool, &[tp])));
+            }
         }
+        let best = |candidates: Vec<Plan>| {
+            candidates
+                .into_iter()
+                .map(|p| {
+                    let v = objective(tiers, estimates, &p);
+                    (p, v)
+                })
+                .reduce(|best, next| if next.1 > best.1 * (1.0 + 1e-9) { next } else { best })
+                .expect("at least the per-tier proposal")
+                .0
+        };
+        let greedy = best(candidates);
+        if covers_demand(estimates, &greedy) {
+            return greedy;
+        }
+        let sole = match &pool {
+            Some(pool) => match &pool.sharing {
+                Sharing::Pooled { host, .. } => Some((*host, pool)),
+                Sharing::PerTier => None,
+            },
+            None => sharing::sole_tier_with_demand(estimates).map(|t| (t, &per_tier_basis)),
+        };
+        match sole.and_then(|(tier, basis)| self.searched(estimates, basis, tier)) {
+            Some(searched) => best(vec![greedy, searched]),
+            None => greedy,
+        }
+    }
+
+    /// All groups to `tier`, laid out by `layout_search` under `basis`.
+    fn searched(&self, estimates: &[TierEstimate], basis: &Basis<'_>, tier: usize) -> Option<Plan> {
+        let input = layout_search::SearchInput {
+            estimate: &basis.planning[tier],
+            tp_levels: &self.tp_levels,
+            allow_colocated: self.config.allow_colocated,
+            allow_disaggregated: self.config.allow_disaggregated,
+            utilization: self.config.target_utilization,
+        };
+        let groups: Vec<(usize, Role, u32, u32)> = layout_search::best_layout(&input, &self.cluster)?
+            .into_iter()
+            .map(|(role, tp, first)| (tier, role, tp, first))
+            .collect();
+        Some(self.place_and_build(groups, estimates, basis))
     }
 
     /// What planning under `sharing` sees, worked out once per step.
@@ -275,6 +305,11 @@ impl Planner {
         };
         let chosen = greedy::assign(&input, Allocator::new(&self.cluster));
         let groups: Vec<(usize, Role, u32, u32)> = chosen.iter().map(|c| (c.tier, c.role, levels[c.tp_index], c.first_gpu)).collect();
+        self.place_and_build(groups, estimates, basis)
+    }
+
+    /// The plan of `groups`, kept on their current GPUs where they exist.
+    fn place_and_build(&self, groups: Vec<(usize, Role, u32, u32)>, estimates: &[TierEstimate], basis: &Basis<'_>) -> Plan {
         let placed = match &self.current {
             Some(cur) => placement::stable(&self.cluster, cur, &groups).unwrap_or(groups),
             None => groups,
@@ -396,6 +431,15 @@ struct Basis<'a> {
     planning: Cow<'a, [TierEstimate]>,
 }
 
+/// Whether the plan serves every tier's demand but for the greedy's
+/// `COVERED_SHORTFALL`.
+fn covers_demand(estimates: &[TierEstimate], plan: &Plan) -> bool {
+    estimates
+        .iter()
+        .zip(&plan.tier_capacity_rps)
+        .all(|(e, &capacity)| e.stats.served(1.0, capacity) >= (1.0 - greedy::COVERED_SHORTFALL) * e.stats.arrival_rate - 1e-9)
+}
+
 fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {
     if stats.len() != tiers.len() {
         return Err(PlanError::StatsCount {
@@ -436,7 +480,12 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
             }
         }
     };
-    let (batch_cap, token_cap) = if stage.feasible() {
+    let (batch_cap, token_cap) = if stage.feasible() && role == Role::Prefill {
+        // The TTFT binds the tokens of a prefill batch, not its prompts:
+        // prompts shorter than the mean share a batch of the same tokens.
+        let (most_prompts, _) = profile.throughput_caps(e.tp).expect("planned TP levels come from the profile");
+        (stage.batch_requests.max(most_prompts), stage.batch_tokens)
+    } else if stage.feasible() {
         (stage.batch_requests.max(1), stage.batch_tokens)
     } else {
         profile.throughput_caps(e.tp).expect("planned TP levels come from the profile")

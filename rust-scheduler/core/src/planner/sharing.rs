@@ -51,6 +51,13 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
     Some(Sharing::Pooled { host, members })
 }
 
+/// The one tier with demand, if only one has any.
+pub fn sole_tier_with_demand(estimates: &[TierEstimate]) -> Option<usize> {
+    let mut with_demand = (0..estimates.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0);
+    let only = with_demand.next()?;
+    with_demand.next().is_none().then_some(only)
+}
+
 /// The members' load merged into one: summed rate, rate-weighted mean
 /// lengths, and the shape of the summed rate (`RateShape::pooled`).
 pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
