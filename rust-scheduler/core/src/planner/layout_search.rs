@@ -1,5 +1,5 @@
-//! The best layout of one tier's groups over the whole cluster, found by
-//! enumeration instead of greedily.
+//! The best layout of one tier's groups over the cluster, node by node,
+//! found by enumeration instead of greedily.
 //!
 //! The greedy adds the group that serves the most per GPU next, which is
 //! right while demand is covered but can end short of capacity when it is
