@@ -23,6 +23,15 @@
 //!   its SLO (no best-effort spill: a request in a batch holds its slot
 //!   until it finishes, whether or not it still counts).
 //!
+//! A prefill-only group takes an SLO request only while a decode slot is
+//! free for it: the decode groups of its tier and its lenders on the
+//! group's node have more free slots than the tier has prompts prefilling
+//! there.
+//! A prompt prefilled with no slot to go to waits, and is shed once the wait
+//! spends its TPOT budget: the prefill it took is lost, and prompts
+//! admitted behind it were delayed for nothing. Admitted only with a slot
+//! in view, prefill runs as far ahead of decode as decode can take.
+//!
 //! A request's prompt charge comes back at its first token (`prefill_done`);
 //! its decode slot when it finishes (`complete`). A prefilled request on a
 //! prefill group takes a decode slot with `dispatch_decode` (its tier's
@@ -188,6 +197,9 @@ pub struct Dispatcher {
     has_background_groups: bool,
     background_cursor: usize,
     in_flight: FxHashMap<u64, Charge>,
+    /// Per (tier, node): prompts on prefill-only groups not yet prefilled,
+    /// each to claim a decode slot on that node.
+    prefilling: FxHashMap<(TierId, u32), u64>,
     /// Node of each GPU (empty: one node). KV moves only within a node.
     node_of_gpu: Vec<u32>,
 }
@@ -233,6 +245,27 @@ impl Dispatcher {
     fn on_node_of(&self, c: &Charge, slots: &[usize]) -> Vec<usize> {
         let here = self.node(c.key.0);
         slots.iter().copied().filter(|&i| self.node(self.slots[i].key.0) == here).collect()
+    }
+
+    /// Whether a prompt of `tier` prefilled on `node` would find a decode
+    /// slot: more free slots on the node's decode groups of the tier and its
+    /// lenders than the tier's prompts prefilling there. True without such
+    /// groups (a prompt prefilled there decodes where it is). A lender's own
+    /// prompts are not counted against a borrower: the lent slots are the
+    /// borrower's only way out, and counting both tiers' prompts against
+    /// them shuts the borrower out whenever the lender is busy.
+    fn decode_room(&self, tier: TierId, node: u32) -> bool {
+        let mut targets = self.tier_decode[tier]
+            .iter()
+            .chain(&self.lender_decode[tier])
+            .map(|&i| &self.slots[i])
+            .filter(|s| self.node(s.key.0) == node)
+            .peekable();
+        if targets.peek().is_none() {
+            return true;
+        }
+        let free: u64 = targets.map(|s| s.slot_budget.saturating_sub(s.load.slots)).sum();
+        free > self.prefilling.get(&(tier, node)).copied().unwrap_or(0)
     }
 
     /// Whether the request's node has any decode group it could move to
@@ -336,13 +369,10 @@ impl Dispatcher {
             let best = least_full(slots, fitting).ok_or(DispatchError::OverBudget { tier })?;
             return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::Background));
         }
+        let may_prefill_on =
+            |i: usize| slots[i].role != Role::Prefill || (prefill_groups && self.decode_room(tier, self.node(slots[i].key.0)));
         let fitting_in = |groups: &[usize]| {
-            let fitting = groups
-                .iter()
-                .copied()
-                .filter(up)
-                .filter(|&i| prefill_groups || slots[i].role != Role::Prefill)
-                .filter(|i| room(i));
+            let fitting = groups.iter().copied().filter(up).filter(|&i| may_prefill_on(i)).filter(|i| room(i));
             least_full(slots, fitting)
         };
         // Its own groups full (or none planned), a request may
@@ -375,7 +405,10 @@ impl Dispatcher {
             slots: 0,
         };
         c.load.tokens = 0;
-        let (key, role) = (c.key, c.role);
+        let (tier, key, role) = (c.tier, c.key, c.role);
+        if role == Role::Prefill && give.tokens > 0 {
+            self.prefilled(tier, key);
+        }
         self.release(key, give);
         Ok(role == Role::Prefill)
     }
@@ -427,6 +460,9 @@ impl Dispatcher {
             .in_flight
             .remove(&request_id)
             .ok_or(DispatchError::UnknownRequest(request_id))?;
+        if c.role == Role::Prefill && c.load.tokens > 0 {
+            self.prefilled(c.tier, c.key);
+        }
         self.release(c.key, c.load);
         Ok(c.load.tokens)
     }
@@ -481,6 +517,17 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// A prompt of `tier` on prefill-only group `key` is no longer prefilling.
+    fn prefilled(&mut self, tier: TierId, key: GroupKey) {
+        let node = self.node(key.0);
+        if let Some(n) = self.prefilling.get_mut(&(tier, node)) {
+            *n -= 1;
+            if *n == 0 {
+                self.prefilling.remove(&(tier, node));
+            }
+        }
+    }
+
     fn release(&mut self, key: GroupKey, load: Load) {
         if load.is_zero() {
             return;
@@ -503,6 +550,10 @@ impl Dispatcher {
     }
 
     fn charge_load(&mut self, request_id: u64, tier: TierId, slot: usize, load: Load, class: DispatchClass) -> Decision {
+        if self.slots[slot].role == Role::Prefill && load.tokens > 0 {
+            let node = self.node(self.slots[slot].key.0);
+            *self.prefilling.entry((tier, node)).or_default() += 1;
+        }
         let s = &mut self.slots[slot];
         s.load.add(load);
         self.in_flight.insert(

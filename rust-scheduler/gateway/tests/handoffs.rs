@@ -37,9 +37,18 @@ use recording::Recorder;
 /// Bounds waits on the mock agents, so a bug fails instead of hanging.
 const BOUND: Duration = Duration::from_secs(20);
 
+/// `chat` lends its groups to the looser `agent`, which the planner hosts
+/// on them (no group of its own).
 fn tiers() -> TierSet {
-    TierSet::new(vec![Tier::slo_tier("chat", 400.0, 40.0, 1.0)], "t").unwrap()
+    TierSet::new(
+        vec![Tier::slo_tier("chat", 400.0, 40.0, 1.0), Tier::slo_tier("agent", 800.0, 80.0, 1.0)],
+        "t",
+    )
+    .unwrap()
 }
+
+const CHAT: usize = 0;
+const AGENT: usize = 1;
 
 /// A control loop over `workers` (each with its GPU count), on a virtual
 /// clock the returned cell sets (seconds as f64 bits).
@@ -52,7 +61,7 @@ fn control(workers: Vec<Arc<dyn WorkerClient>>, gpus: &[u32]) -> (Arc<Control>, 
         window: Duration::from_secs(1),
         stats_timeout: Duration::from_secs(5),
     };
-    let metrics = Arc::new(Metrics::new(vec!["chat".into()]));
+    let metrics = Arc::new(Metrics::new(vec!["chat".into(), "agent".into()]));
     let clock = Arc::new(AtomicU64::new(0f64.to_bits()));
     let now = clock.clone();
     let control = Control::new(tiers(), Arc::new(synthetic::llama8b_like()), workers, gpus, config, metrics)
@@ -84,7 +93,7 @@ async fn a_move_goes_to_the_agent_holding_the_request_naming_the_cores_group_in_
 
     // Prefilled on the second node: moved to its decode group, which is
     // that agent's device 0.
-    let p = control.place(1, 0, 64, 8, &[(0, 2)], true).unwrap();
+    let p = control.place(1, CHAT, 64, 8, &[(0, 2)], true).unwrap();
     assert_eq!((p.worker, p.key), (1, (3, 1)));
     let decided = control.first_token(1).unwrap().handoff;
     let Handoff::Move(d) = decided else {
@@ -96,7 +105,7 @@ async fn a_move_goes_to_the_agent_holding_the_request_naming_the_cores_group_in_
     // Prefilled on the first node: its tier's only decode group is on the
     // other node, where its KV cannot go; the core keeps it where it is and
     // nothing is sent.
-    let p = control.place(2, 0, 64, 8, &[(3, 1)], true).unwrap();
+    let p = control.place(2, CHAT, 64, 8, &[(3, 1)], true).unwrap();
     assert_eq!(p.key, (0, 2));
     assert_eq!(control.first_token(2).unwrap().handoff, Handoff::Stay);
     assert_eq!(agents[0].hand_offs.lock().unwrap().len(), 0);
@@ -128,7 +137,7 @@ async fn one_node(token_delay: Duration) -> (Arc<Control>, Arc<AtomicU64>, MockW
 /// A request from a client, through the gateway's request path.
 fn start(control: &Arc<Control>, admission: &Admission, max_tokens: u32) -> Running {
     let s = Start {
-        tier: 0,
+        tier: CHAT,
         input_ids: vec![5, 6, 7],
         sampling: Sampling {
             max_tokens,
@@ -153,23 +162,36 @@ async fn to_end(r: &mut Running) -> u32 {
     }
 }
 
-/// Takes every decode slot with requests the control loop alone knows
-/// (no agent runs them); their ids.
+/// Takes every decode slot with chat requests the control loop alone
+/// knows (no agent runs them), until the prefill group takes no more (a
+/// prompt is admitted there only with a decode slot in view); their ids.
 fn fill_decode_slots(control: &Control) -> Vec<u64> {
     let mut held = Vec::new();
     loop {
         let id = control.new_request_id();
-        control.place(id, 0, 16, 8, &[], true).unwrap();
-        match control.first_token(id).unwrap().handoff {
-            Handoff::Move(_) => held.push(id),
-            Handoff::Wait => {
-                // Full: this one leaves again (it would hold back admissions).
-                control.complete(id);
-                return held;
-            }
-            Handoff::Stay => panic!("request {id} stayed on a prefill group"),
+        if control.place(id, CHAT, 16, 8, &[], true).is_err() {
+            return held;
         }
+        let handoff = control.first_token(id).unwrap().handoff;
+        assert!(matches!(handoff, Handoff::Move(_)), "request {id} with a slot in view: {handoff:?}");
+        held.push(id);
     }
+}
+
+/// Makes a client's chat request wait for a decode slot: with one slot
+/// free, it is admitted (the slot in view), and before its first token an
+/// agent request (counting the slots chat lends it) prefills and takes that
+/// slot. Returns the client's request after its first token, and the agent
+/// request's id.
+async fn wait_for_a_slot(control: &Arc<Control>, admission: &Admission, max_tokens: u32) -> (Running, u64) {
+    let held = fill_decode_slots(control);
+    control.complete(held[0]);
+    let mut waiting = start(control, admission, max_tokens);
+    let agent = control.new_request_id();
+    control.place(agent, AGENT, 16, 8, &[], true).unwrap();
+    assert!(matches!(control.first_token(agent).unwrap().handoff, Handoff::Move(_)));
+    waiting.next(true).await.unwrap();
+    (waiting, agent)
 }
 
 async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
@@ -198,15 +220,11 @@ async fn a_move_reaches_the_agent_as_a_hand_off_message_and_the_stream_goes_on()
 async fn a_granted_wait_is_handed_off_then_and_a_shed_wait_is_cancelled_with_503() {
     let (control, clock, mock) = one_node(Duration::from_millis(20)).await;
     let admission = Admission::new(&tiers());
-    let held = fill_decode_slots(&control);
-    assert!(!held.is_empty());
-
     // No decode slot: the request waits, decoding where it is.
-    let mut granted = start(&control, &admission, 12);
-    granted.next(true).await.unwrap();
+    let (mut granted, agent) = wait_for_a_slot(&control, &admission, 12).await;
     // A slot comes free: the core grants it to the waiting request, which
     // is handed off then.
-    control.complete(held[0]);
+    control.complete(agent);
     wait_for("the granted hand-off at the agent", || !mock.hand_offs().is_empty()).await;
     assert_eq!(mock.hand_offs(), vec![(granted.id(), (1, 1))]);
     assert_eq!(to_end(&mut granted).await, 12);
@@ -214,9 +232,8 @@ async fn a_granted_wait_is_handed_off_then_and_a_shed_wait_is_cancelled_with_503
 
     // Full again; this one waits past its TPOT budget and the next window
     // sheds it.
-    fill_decode_slots(&control);
-    let mut shed = start(&control, &admission, 1000);
-    shed.next(true).await.unwrap();
+    let (mut shed, _) = wait_for_a_slot(&control, &admission, 1000).await;
+    let shed_before = control.metrics.tiers[CHAT].shed.load(Ordering::Relaxed);
     clock.store(1e3f64.to_bits(), Ordering::SeqCst);
     control.step().await;
     let err = shed.next(true).await.unwrap_err();
@@ -224,10 +241,14 @@ async fn a_granted_wait_is_handed_off_then_and_a_shed_wait_is_cancelled_with_503
     assert!(err.to_string().contains("handoff_timeout"), "{err}");
     wait_for("the cancel at the agent", || mock.counters().cancels.load(Ordering::Relaxed) == 1).await;
     assert_eq!(mock.hand_offs().len(), 1, "the shed request was not handed off");
-    assert_eq!(control.metrics.tiers[0].shed.load(Ordering::Relaxed), 1);
-    assert_eq!(control.metrics.tiers[0].errors.load(Ordering::Relaxed), 0);
+    assert_eq!(control.metrics.tiers[CHAT].shed.load(Ordering::Relaxed), shed_before + 1);
+    assert_eq!(control.metrics.tiers[CHAT].errors.load(Ordering::Relaxed), 0);
     drop(shed);
-    assert_eq!(control.metrics.tiers[0].errors.load(Ordering::Relaxed), 0, "a shed is not an error");
+    assert_eq!(
+        control.metrics.tiers[CHAT].errors.load(Ordering::Relaxed),
+        0,
+        "a shed is not an error"
+    );
     // What the client gets: like an admission shed.
     let resp = err.into_response();
     assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -68,6 +68,8 @@ pub struct GroupSim {
     pub retiring: bool,
     decode_now: Vec<u32>,
     prefill_now: Vec<(u32, u32)>,
+    /// Whether the last finished iteration prefilled any prompt tokens.
+    prefilled_last: bool,
 }
 
 impl GroupSim {
@@ -90,6 +92,7 @@ impl GroupSim {
             retiring: false,
             decode_now: Vec::new(),
             prefill_now: Vec::new(),
+            prefilled_last: false,
         }
     }
 
@@ -100,6 +103,11 @@ impl GroupSim {
 
     pub fn waiting(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether the iteration that just ended prefilled any prompt tokens.
+    pub fn prefilled_last_iteration(&self) -> bool {
+        self.prefilled_last
     }
 
     /// Outstanding work in requests (queued + running): least-load routing.
@@ -227,6 +235,7 @@ impl GroupSim {
             }
         }
         self.decode_now.clear();
+        self.prefilled_last = !self.prefill_now.is_empty();
         self.prefill_now.clear();
         out
     }

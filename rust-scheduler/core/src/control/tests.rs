@@ -64,10 +64,21 @@ fn over_budget_requests_are_shed_not_spilled() {
 #[test]
 fn handoffs_wait_for_a_slot_then_are_granted_or_shed() {
     let mut c = control(4);
-    c.install(plan(vec![group(0, Role::Prefill, 0, 1000, 4), group(0, Role::Decode, 1, 0, 1)]));
+    let with_decode_cap = |cap| plan(vec![group(0, Role::Prefill, 0, 1000, 4), group(0, Role::Decode, 1, 0, cap)]);
+    c.install(with_decode_cap(3));
     for id in 1..=3 {
         assert!(matches!(c.admit(id, 0, 10, 100, 0.0, &[]).unwrap(), Admission::Admitted(_)));
     }
+    // A fourth prompt would find no decode slot.
+    assert_eq!(
+        c.admit(9, 0, 10, 100, 0.0, &[]).unwrap(),
+        Admission::Shed {
+            reason: ShedReason::OverBudget,
+            retry_after_s: 1.0
+        }
+    );
+    // A new plan lowers the decode cap to one slot.
+    c.install(with_decode_cap(1));
     assert!(matches!(c.first_token(1, 0.1).unwrap(), Handoff::Move(d) if d.group_first_gpu == 1));
     assert_eq!(c.first_token(2, 0.1).unwrap(), Handoff::Wait);
     assert_eq!(c.first_token(3, 0.1).unwrap(), Handoff::Wait);

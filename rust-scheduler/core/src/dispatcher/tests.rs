@@ -123,10 +123,8 @@ fn a_tier_without_a_live_group_fails_over_to_room_elsewhere() {
 
 #[test]
 fn decode_handoff_moves_the_request_to_a_free_slot() {
-    let mut dec = group(0, Role::Decode, 1, 0);
-    dec.batch_cap = 1;
-    let p = plan(vec![group(0, Role::Prefill, 0, 1000), dec]);
-    let mut d = Dispatcher::new(&tiers(), &p);
+    let decode = |cap| test_support::group(0, Role::Decode, 1, 0, cap);
+    let mut d = Dispatcher::new(&tiers(), &plan(vec![group(0, Role::Prefill, 0, 1000), decode(2)]));
     d.dispatch(1, 0, 300, true).unwrap();
     d.dispatch(2, 0, 300, true).unwrap();
     // Prefill groups hold prompt tokens, no slots.
@@ -137,6 +135,8 @@ fn decode_handoff_moves_the_request_to_a_free_slot() {
     let moved = d.dispatch_decode(1, false).unwrap().unwrap();
     assert_eq!((moved.group_first_gpu, moved.charge), (1, 0));
     assert_eq!(d.load_of((1, 1)), Load { tokens: 0, slots: 1 });
+    // A new plan lowers the decode group's cap to the one slot it holds.
+    d.set_plan(&tiers(), &plan(vec![group(0, Role::Prefill, 0, 1000), decode(1)]));
     d.prefill_done(2).unwrap();
     assert_eq!(d.dispatch_decode(2, false), Ok(None), "the decode group is full");
     assert_eq!(d.group_of(2), Some((0, 1)));
@@ -144,6 +144,26 @@ fn decode_handoff_moves_the_request_to_a_free_slot() {
     assert!(d.dispatch_decode(2, false).unwrap().is_some());
     d.complete(2).unwrap();
     assert!(d.total_load().is_zero());
+}
+
+#[test]
+fn prefill_groups_take_no_more_prompts_than_decode_slots_are_free() {
+    let p = plan(vec![
+        group(0, Role::Prefill, 0, 1000),
+        test_support::group(0, Role::Decode, 1, 0, 2),
+    ]);
+    let mut d = Dispatcher::new(&tiers(), &p);
+    d.dispatch(1, 0, 10, true).unwrap();
+    d.dispatch(2, 0, 10, true).unwrap();
+    // Two prompts prefilling claim both decode slots: the prefill group has
+    // token room but no slot in view.
+    let refused = Err(DispatchError::OverBudget { tier: 0 });
+    assert_eq!(d.dispatch(3, 0, 10, true), refused);
+    d.prefill_done(1).unwrap();
+    d.dispatch_decode(1, false).unwrap().unwrap();
+    assert_eq!(d.dispatch(4, 0, 10, true), refused, "one slot free, one prompt to claim it");
+    d.complete(1).unwrap();
+    assert_eq!(d.dispatch(5, 0, 10, true).unwrap().group_first_gpu, 0);
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! `chiron`: an interactive pool (the tightest SLO tier) and a batch pool
 //! (the others) of replicas at one static TP level.
-//! - Local loop, per instance and iteration: the batch cap grows by one while
-//!   the iteration (≈ TPOT) stays under 80% of the pool's TPOT SLO and
-//!   shrinks by 30% when it exceeds the SLO.
+//! - Local loop, per instance and decode-only iteration: the batch cap
+//!   grows by one while the iteration (≈ TPOT) stays under 80% of the
+//!   pool's TPOT SLO and shrinks by 30% when it exceeds the SLO.
 //! - Global loop, every window: when the interactive pool's queue would
 //!   take more than half the TTFT SLO to prefill, an instance moves from the
 //!   batch pool to it; when it is nearly idle, one moves back.
@@ -123,6 +123,11 @@ impl Policy for Chiron {
         let Some(slo) = slo else {
             return;
         };
+        // The cap bounds the decode batch: an iteration that also prefilled
+        // a chunk is long whatever the batch, and says nothing about it.
+        if group.prefilled_last_iteration() {
+            return;
+        }
         let mut spec = group.spec;
         if iteration_ms > slo {
             spec.batch_cap = ((f64::from(spec.batch_cap) * SHRINK_FACTOR) as u32).max(1);
