@@ -15,12 +15,12 @@
 //!
 //! Overload policy: a tier's planned capacity is a budget. A request its
 //! tier's groups cannot take within the SLO budget is shed at the door (the
-//! gateway answers 429 with Retry-After, replay counts it missed) rather
-//! than queued behind work it would delay; a prefill-only group takes a
-//! prompt only with a decode slot in view for it (`Dispatcher`); a decode
-//! group's batch cap is never exceeded (a hand-off that finds no slot
-//! waits, then is shed); a queued request whose
-//! TTFT deadline passes is shed by the batch policy (`take_expired`).
+//! gateway answers 503 `overloaded` with Retry-After, replay counts it
+//! missed) rather than queued behind work it would delay; a prefill-only
+//! group takes a prompt only with a decode slot in view for it
+//! (`Dispatcher`); a decode group's batch cap is never exceeded (a hand-off
+//! that finds no slot waits, then is shed); a queued request whose TTFT
+//! deadline passes is shed by the batch policy (`take_expired`).
 
 mod config;
 mod handoff;
