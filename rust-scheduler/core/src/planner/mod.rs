@@ -469,8 +469,15 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
         0
     } else {
         match role {
-            // One batch running and one queued: the estimator's TTFT model.
-            Role::Prefill => 2 * u64::from(stage.batch_tokens),
+            // Prompt tokens that can be outstanding (running and queued)
+            // before the newest one's TTFT runs out: as many batches as fit
+            // in the TTFT, and at least the estimator's one running plus one
+            // queued. A batch far shorter than the TTFT (its size bound by
+            // the profile, not the SLO) can have several queued behind it.
+            Role::Prefill => {
+                let batches = tier.ttft_ms.map_or(2.0, |ttft| (ttft / stage.batch_ms).floor().max(2.0));
+                (f64::from(stage.batch_tokens) * batches) as u64
+            }
             Role::Decode => u64::from(stage.batch_requests),
             // Prompt tokens the chunked prefill can absorb before the newest
             // request's TTFT runs out (two batches for background tiers).

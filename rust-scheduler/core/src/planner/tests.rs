@@ -276,3 +276,28 @@ fn the_proposal_is_the_better_of_per_tier_and_pooled_and_a_pooled_member_is_serv
         );
     }
 }
+
+#[test]
+fn a_prefill_group_queues_as_many_batches_as_fit_in_the_ttft() {
+    // 0.1 ms per prompt token, at most 1,000 tokens a batch: a batch of ten
+    // 100-token prompts takes 100 ms, whatever the TTFT.
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let profile = tabulate(&[1], &axes, |_, tokens, _| 0.1 * tokens, |_, b, _| 5.0 + b, None);
+    let stats = TierStats::new(10.0, 100.0, 100.0);
+    let budget = |tier: Tier| {
+        let e = crate::estimator::estimate_tp(&profile, &tier, &stats, 1);
+        assert_eq!((e.prefill.batch_tokens, e.prefill.batch_ms), (1000, 100.0), "{e:?}");
+        group_plan(&profile, &tier, &e, 0, Role::Prefill, 0).slo_budget
+    };
+    // A TTFT of ten batches: ten batches' tokens may be outstanding.
+    assert_eq!(budget(Tier::slo_tier("loose", 1000.0, 50.0, 1.0)), 10_000);
+    // A TTFT of two and a half: the running batch and one queued.
+    assert_eq!(budget(Tier::slo_tier("tight", 250.0, 50.0, 1.0)), 2_000);
+    // No TTFT: one running, one queued.
+    assert_eq!(budget(Tier::background_tier("batch", 1.0)), 2_000);
+}
