@@ -170,6 +170,5 @@ pub fn run(settings: &BenchSettings) -> Value {
         "dispatch_decisions_per_s": dispatch["decisions_per_s_median"].clone(),
         "dispatch": dispatch,
         "profile": profile.name,
-        "rayon_threads": rayon::current_num_threads(),
     })
 }
