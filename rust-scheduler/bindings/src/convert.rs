@@ -15,6 +15,7 @@ pub fn group(g: &GroupPlan, names: &[String]) -> Value {
         "tier": names[g.tier], "role": g.role.name(), "tp": g.tp, "first_gpu": g.first_gpu,
         "gpus": g.gpus().collect::<Vec<_>>(), "capacity_rps": g.capacity_rps,
         "batch_cap": g.batch_cap, "token_cap": g.token_cap, "slo_budget": g.slo_budget,
+        "max_prompt_tokens": g.max_prompt_tokens, "served_share": g.served_share,
     })
 }
 
@@ -24,6 +25,7 @@ pub fn plan(p: &Plan, names: &[String]) -> Value {
         "num_gpus": p.num_gpus,
         "groups": p.groups.iter().map(|g| group(g, names)).collect::<Vec<_>>(),
         "tier_capacity_rps": caps,
+        "tier_served_share": names.iter().cloned().zip(p.tier_served_share.iter().map(|&s| json!(s))).collect::<serde_json::Map<_, _>>(),
     })
 }
 

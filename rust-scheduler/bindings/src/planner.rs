@@ -46,7 +46,8 @@ impl Plan {
     }
 
     /// Groups as dicts: tier, role, tp, first_gpu, gpus, capacity_rps,
-    /// batch_cap, token_cap, slo_budget.
+    /// batch_cap, token_cap, slo_budget, max_prompt_tokens (0: any),
+    /// served_share.
     #[pyo3(signature = ())]
     fn groups<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         convert::to_py(py, &self.json()["groups"])

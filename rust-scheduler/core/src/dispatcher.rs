@@ -87,6 +87,8 @@ pub enum DispatchError {
     NoCapacity(&'static str),
     #[error("tier {tier}: every group of the tier is at its SLO budget")]
     OverBudget { tier: TierId },
+    #[error("tier {tier}: no group of the tier can prefill a {prompt_tokens}-token prompt within its TTFT")]
+    PromptTooLong { tier: TierId, prompt_tokens: u32 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -142,10 +144,17 @@ struct Slot {
     role: Role,
     token_budget: u64,
     slot_budget: u64,
+    /// Longest prompt the group takes; 0: any (`GroupPlan::max_prompt_tokens`).
+    max_prompt_tokens: u64,
     load: Load,
 }
 
 impl Slot {
+    /// Whether the group can prefill a prompt this long in time at all.
+    fn takes_prompt(&self, tokens: u64) -> bool {
+        self.max_prompt_tokens == 0 || tokens <= self.max_prompt_tokens
+    }
+
     fn holds_slots(&self) -> bool {
         self.role != Role::Prefill
     }
@@ -298,6 +307,7 @@ impl Dispatcher {
                 role: g.role,
                 token_budget: g.slo_budget,
                 slot_budget: u64::from(g.batch_cap),
+                max_prompt_tokens: u64::from(g.max_prompt_tokens),
                 load: loads.remove(&key).unwrap_or_default(),
             });
             self.slot_of.insert(key, i);
@@ -352,10 +362,11 @@ impl Dispatcher {
         let up = |i: &usize| !down.contains(&slots[*i].key);
         let room = |i: &usize| {
             let s = &slots[*i];
-            s.fits(Load {
-                tokens,
-                slots: u64::from(s.holds_slots()),
-            })
+            s.takes_prompt(tokens)
+                && s.fits(Load {
+                    tokens,
+                    slots: u64::from(s.holds_slots()),
+                })
         };
         if self.tier_is_background[tier] {
             if self.has_background_groups {
@@ -388,6 +399,15 @@ impl Dispatcher {
             let fitting = self.all_prefill.iter().copied().filter(up).filter(room);
             let best = least_full(slots, fitting).ok_or(DispatchError::NoCapacity("this tier's"))?;
             return Ok(self.charge(request_id, tier, best, tokens, DispatchClass::BestEffort));
+        }
+        let long_enough = |i: &usize| slots[*i].takes_prompt(tokens);
+        if !self.tier_prefill[tier]
+            .iter()
+            .chain(&self.lender_prefill[tier])
+            .filter(|i| up(i))
+            .any(long_enough)
+        {
+            return Err(DispatchError::PromptTooLong { tier, prompt_tokens });
         }
         Err(DispatchError::OverBudget { tier })
     }

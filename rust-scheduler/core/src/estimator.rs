@@ -3,12 +3,21 @@
 //!
 //! The model (DESIGN.md §1), per TP level k, with L_in and L_out the tier's
 //! mean prompt and output lengths:
+//! - prompts served: a prefill-capable stage takes no prompt longer than it
+//!   prefills within the TTFT alone (`max_prompt_tokens`, enforced by the
+//!   dispatcher). It plans for all prompts, judged by their mean L_in, or,
+//!   where that fails the TTFT, for the largest subset of the tier's
+//!   prompt-length distribution (`PromptLengths`) that it serves in time,
+//!   with that subset's mean as L_in and its share as `served_share`; the
+//!   planner counts only that share as goodput;
 //! - prefill: the largest batch of n prompts (n·L_in tokens) whose batch time
 //!   T_p satisfies 2·T_p ≤ TTFT (one batch of queueing plus its own run)
 //!   gives X_p = n / T_p;
 //! - decode: the largest batch B whose step time T_d(B, ctx = L_in + L_out/2)
 //!   is ≤ TPOT less the hand-off's share (`HANDOFF_WAIT_SHARE`), and whose
-//!   KV fits, gives X_d = B / (L_out · T_d);
+//!   KV fits, gives X_d = B / (L_out · T_d); L_in here is the mean of the
+//!   largest subset any TP level's prefill serves (decode never sees the
+//!   prompts shed at dispatch);
 //! - colocated (chunked prefill): B decoding requests plus a prefill chunk of
 //!   c = ⌈B·L_in/L_out⌉ tokens per iteration; the iteration
 //!   T_d(B) + T_p(c) must be ≤ TPOT and (⌈L_in/c⌉ + 1) iterations ≤ TTFT;
@@ -20,6 +29,7 @@
 //! Background tiers have no SLO: each stage runs at its largest batch.
 
 use crate::profile::Profile;
+use crate::prompt_lengths::{PromptLengths, Subset};
 use crate::stats::TierStats;
 use crate::tiers::{Tier, TierId};
 
@@ -40,6 +50,12 @@ pub struct StageEstimate {
     pub batch_tokens: u32,
     /// Time of one batch / iteration.
     pub batch_ms: f64,
+    /// Share of the tier's prompts the stage serves in time (prefill and
+    /// colocated; 1 for decode): the rest are too long for it.
+    pub served_share: f64,
+    /// Longest prompt the stage takes (prefill and colocated): the longest
+    /// it prefills within the TTFT with nothing queued; 0: any.
+    pub max_prompt_tokens: u32,
 }
 
 impl StageEstimate {
@@ -96,6 +112,24 @@ impl TierEstimate {
         self.per_tp.iter().find(|e| e.tp == tp)
     }
 
+    /// The largest share of the tier's prompts any one prefill-capable
+    /// stage serves in time (1 when none can serve any: nothing is then
+    /// served for a reason other than prompt length).
+    pub fn best_served_share(&self) -> f64 {
+        let best = self
+            .per_tp
+            .iter()
+            .flat_map(|e| [e.prefill, e.colocated])
+            .filter(StageEstimate::feasible)
+            .map(|s| s.served_share)
+            .fold(0.0, f64::max);
+        if best > 0.0 {
+            best
+        } else {
+            1.0
+        }
+    }
+
     /// Every candidate configuration with a non-zero throughput.
     pub fn candidates(&self) -> Vec<Candidate> {
         let lambda = self.stats.arrival_rate;
@@ -142,9 +176,49 @@ impl TierEstimate {
     }
 }
 
-/// Estimates one tier at every TP level in `tp_levels`.
+/// Estimates one tier at every TP level in `tp_levels` (together: decode
+/// is sized for the prompts the prefill-capable stages serve).
 pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32]) -> TierEstimate {
-    let per_tp = tp_levels.iter().map(|&tp| estimate_tp(profile, tier, &stats, tp)).collect();
+    let l_in = stats.mean_prompt_tokens.max(1.0);
+    let l_out = stats.mean_output_tokens.max(1.0);
+    let prefilling: Vec<(u32, StageEstimate, StageEstimate)> = tp_levels
+        .iter()
+        .map(|&tp| {
+            let prompts = Prompts {
+                mean: l_in,
+                lengths: &stats.prompt_lengths,
+                longest_in_time: longest_in_time(profile, tp, tier.ttft_ms),
+            };
+            (
+                tp,
+                prefill(profile, tp, tier.ttft_ms, &prompts),
+                colocated(profile, tp, tier.ttft_ms, tier.tpot_ms, &prompts, l_out),
+            )
+        })
+        .collect();
+    // Decode groups hold the prompts some prefill-capable stage serves: at
+    // most the largest such subset, whose mean sets the context.
+    let share = prefilling
+        .iter()
+        .flat_map(|(_, p, c)| [p, c])
+        .filter(|s| s.feasible())
+        .map(|s| s.served_share)
+        .fold(0.0, f64::max);
+    let decode_prompt = stats
+        .prompt_lengths
+        .subsets(l_in)
+        .find(|s| s.share <= share + 1e-12)
+        .filter(|_| share > 0.0)
+        .map_or(l_in, |s| s.mean_tokens);
+    let per_tp = prefilling
+        .into_iter()
+        .map(|(tp, prefill, colocated)| TpEstimate {
+            tp,
+            prefill,
+            decode: decode(profile, tp, tier.tpot_ms, decode_prompt, l_out),
+            colocated,
+        })
+        .collect();
     TierEstimate {
         tier: tier_id,
         stats,
@@ -164,14 +238,64 @@ pub fn estimate_all(profile: &Profile, tiers: &[Tier], stats: &[TierStats], tp_l
         .collect()
 }
 
+/// One TP level's estimate (`estimate_tier` at that level alone).
 pub fn estimate_tp(profile: &Profile, tier: &Tier, stats: &TierStats, tp: u32) -> TpEstimate {
-    let l_in = stats.mean_prompt_tokens.max(1.0);
-    let l_out = stats.mean_output_tokens.max(1.0);
-    TpEstimate {
-        tp,
-        prefill: prefill(profile, tp, tier.ttft_ms, l_in),
-        decode: decode(profile, tp, tier.tpot_ms, l_in, l_out),
-        colocated: colocated(profile, tp, tier.ttft_ms, tier.tpot_ms, l_in, l_out),
+    estimate_tier(profile, 0, tier, *stats, &[tp]).per_tp[0]
+}
+
+/// A tier's prompts as a prefill-capable stage at one TP level sees them.
+struct Prompts<'a> {
+    mean: f64,
+    lengths: &'a PromptLengths,
+    /// `longest_in_time` at the stage's TP level.
+    longest_in_time: f64,
+}
+
+impl Prompts<'_> {
+    /// The subsets the stage may serve, largest first: all prompts (judged
+    /// by their mean, as if all were that long), then those up to each
+    /// cutoff it prefills in time alone.
+    fn candidates(&self) -> impl Iterator<Item = Subset> + '_ {
+        self.lengths
+            .subsets(self.mean)
+            .filter(|s| s.share >= 1.0 || s.longest <= self.longest_in_time)
+    }
+
+    /// The dispatcher's cap: the longest prompt the stage prefills in time
+    /// alone. It holds for the whole set too: a prompt past it would miss
+    /// its TTFT whatever it waited for, and run ahead of prompts that can
+    /// still meet theirs (the whole set's share still counts it as served;
+    /// where the mean fits, such prompts are a small tail).
+    fn cap(&self) -> u32 {
+        prompt_cap(self.longest_in_time)
+    }
+}
+
+/// The longest prompt a group at `tp` prefills within `ttft_ms` with
+/// nothing queued (infinite without a TTFT). Past the profile's largest
+/// batch the time is extrapolated linearly (prefill is at least linear in
+/// tokens).
+fn longest_in_time(profile: &Profile, tp: u32, ttft_ms: Option<f64>) -> f64 {
+    let Some(ttft) = ttft_ms else { return f64::INFINITY };
+    let table = profile.table(tp).expect("estimated TP levels come from the profile");
+    let max_tokens = *table.prefill.x().last().expect("validated axis");
+    let time = |q: f64| profile.prefill_ms(tp, q, 1.0);
+    if time(1.0) > ttft {
+        return 0.0;
+    }
+    let at_max = time(max_tokens);
+    if at_max <= ttft {
+        return max_tokens * ttft / at_max.max(f64::MIN_POSITIVE);
+    }
+    f64::from(largest_true(1, max_tokens as u32, |q| time(f64::from(q)) <= ttft))
+}
+
+/// `longest_in_time` as a cap for the dispatcher: 0 when there is none.
+fn prompt_cap(longest: f64) -> u32 {
+    if longest.is_finite() {
+        longest.min(f64::from(u32::MAX)) as u32
+    } else {
+        0
     }
 }
 
@@ -179,24 +303,36 @@ fn within(limit_ms: Option<f64>, ms: f64) -> bool {
     limit_ms.is_none_or(|limit| ms <= limit)
 }
 
-fn prefill(profile: &Profile, tp: u32, ttft_ms: Option<f64>, l_in: f64) -> StageEstimate {
+/// The prefill stage serves the largest candidate subset of the tier's
+/// prompts (`Prompts::candidates`) whose mean-length batches meet the TTFT
+/// with one batch of queueing (2·T_p ≤ TTFT); longer prompts are shed at
+/// dispatch, so the batches are sized for the subset's mean.
+fn prefill(profile: &Profile, tp: u32, ttft_ms: Option<f64>, prompts: &Prompts) -> StageEstimate {
     let table = profile.table(tp).expect("estimated TP levels come from the profile");
     let max_tokens = *table.prefill.x().last().expect("validated axis");
     let max_prompts = *table.prefill.y().last().expect("validated axis");
-    let n_max = (max_tokens / l_in).min(max_prompts).floor().max(1.0) as u32;
-    let time = |n: u32| profile.prefill_ms(tp, f64::from(n) * l_in, f64::from(n));
-    let ok = |n: u32| within(ttft_ms, 2.0 * time(n));
-    if !ok(1) {
-        return StageEstimate::default();
+    // Smaller subsets have shorter means: the first whose batch of one
+    // meets the TTFT is the largest that does.
+    for subset in prompts.candidates() {
+        let l_in = subset.mean_tokens;
+        let time = |n: u32| profile.prefill_ms(tp, f64::from(n) * l_in, f64::from(n));
+        let ok = |n: u32| within(ttft_ms, 2.0 * time(n));
+        if !ok(1) {
+            continue;
+        }
+        let n_max = (max_tokens / l_in).min(max_prompts).floor().max(1.0) as u32;
+        let n = largest_true(1, n_max, ok);
+        let t = time(n);
+        return StageEstimate {
+            throughput_rps: f64::from(n) / (t / 1e3),
+            batch_requests: n,
+            batch_tokens: (f64::from(n) * l_in).ceil() as u32,
+            batch_ms: t,
+            served_share: subset.share,
+            max_prompt_tokens: prompts.cap(),
+        };
     }
-    let n = largest_true(1, n_max, ok);
-    let t = time(n);
-    StageEstimate {
-        throughput_rps: f64::from(n) / (t / 1e3),
-        batch_requests: n,
-        batch_tokens: (f64::from(n) * l_in).ceil() as u32,
-        batch_ms: t,
-    }
+    StageEstimate::default()
 }
 
 /// Largest decode batch: bounded by the profile's axis and by KV capacity.
@@ -225,10 +361,51 @@ fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, l_in: f64, l_out: f6
         batch_requests: b,
         batch_tokens: 0,
         batch_ms: t,
+        served_share: 1.0,
+        max_prompt_tokens: 0,
     }
 }
 
-fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, l_in: f64, l_out: f64) -> StageEstimate {
+/// The colocated stage serves the largest subset of the tier's prompts
+/// (as `prefill`) for which it meets both SLOs. A smaller subset has
+/// shorter prompts, so feasibility only grows as subsets shrink: a binary
+/// search finds the largest feasible one.
+fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, prompts: &Prompts, l_out: f64) -> StageEstimate {
+    let subsets: Vec<Subset> = prompts.candidates().collect();
+    let at = |i: usize| {
+        let e = colocated_for(profile, tp, ttft_ms, tpot_ms, subsets[i].mean_tokens, l_out);
+        StageEstimate {
+            served_share: subsets[i].share,
+            max_prompt_tokens: prompts.cap(),
+            ..e
+        }
+    };
+    let Some(last) = subsets.len().checked_sub(1) else {
+        return StageEstimate::default();
+    };
+    let first = at(0);
+    if first.feasible() || last == 0 {
+        return if first.feasible() { first } else { StageEstimate::default() };
+    }
+    let smallest = at(last);
+    if !smallest.feasible() {
+        return StageEstimate::default();
+    }
+    // Invariant: subsets[lo] infeasible, subsets[hi] feasible.
+    let (mut lo, mut hi, mut best) = (0, last, smallest);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        let e = at(mid);
+        if e.feasible() {
+            (hi, best) = (mid, e);
+        } else {
+            lo = mid;
+        }
+    }
+    best
+}
+
+fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, l_in: f64, l_out: f64) -> StageEstimate {
     let b_max = decode_batch_limit(profile, tp, l_in, l_out);
     let table = profile.table(tp).expect("estimated TP levels come from the profile");
     let max_chunk = *table.prefill.x().last().expect("validated axis");
@@ -252,6 +429,8 @@ fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f
                 batch_requests: b + (chunk / l_in).ceil() as u32,
                 batch_tokens: chunk as u32,
                 batch_ms: iter_ms,
+                served_share: 1.0,
+                max_prompt_tokens: 0,
             };
         }
     }

@@ -16,6 +16,8 @@ pub mod live_view;
 pub mod plan;
 pub mod planner;
 pub mod profile;
+pub mod prompt_lengths;
+pub mod quantiles;
 pub mod rate_shape;
 pub mod stats;
 pub mod switch_cost;

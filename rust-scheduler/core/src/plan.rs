@@ -65,6 +65,13 @@ pub struct GroupPlan {
     /// dispatcher's units (prompt tokens for prefill and colocated groups,
     /// running requests for decode groups).
     pub slo_budget: u64,
+    /// Longest prompt the group takes (prefill and colocated groups): one it
+    /// cannot prefill within the TTFT even alone is shed, not run late in
+    /// front of prompts that can; 0: any.
+    pub max_prompt_tokens: u32,
+    /// Share of its tier's prompts the group serves in time (1 for decode
+    /// groups and where the whole tier fits).
+    pub served_share: f64,
 }
 
 impl GroupPlan {
@@ -89,6 +96,9 @@ pub struct Plan {
     pub groups: Vec<GroupPlan>,
     /// Planned SLO-compliant capacity per tier (requests/s).
     pub tier_capacity_rps: Vec<f64>,
+    /// Per tier, the share of its prompts its groups can serve in time (the
+    /// best of its prefill-capable groups'; `TierStats::served_within`).
+    pub tier_served_share: Vec<f64>,
 }
 
 impl Plan {

@@ -10,11 +10,10 @@
 //! between bursts and overrates bursty tiers.
 //!
 //! The shape is the empirical distribution of per-window rates over the
-//! observer's memory, relative to their mean, kept as `POINTS` quantiles
-//! (Copy, no allocation); a steady tier has every point at 1.
+//! observer's memory, relative to their mean, kept as quantile points
+//! (`quantiles`); a steady tier has every point at 1.
 
-/// Quantile points kept per tier.
-pub const POINTS: usize = 16;
+use crate::quantiles::{self, POINTS};
 
 /// Fewer full windows than this: too little to tell, planned as steady.
 pub const MIN_WINDOWS: usize = 8;
@@ -51,16 +50,7 @@ impl RateShape {
         }
         let mut sorted: Vec<f64> = counts.iter().map(|c| c.max(0.0)).collect();
         sorted.sort_by(f64::total_cmp);
-        let n = sorted.len();
-        let mut points = [0.0; POINTS];
-        for (i, p) in points.iter_mut().enumerate() {
-            // Linear interpolation between order statistics.
-            let pos = ((i as f64 + 0.5) / POINTS as f64) * n as f64 - 0.5;
-            let lo = pos.floor().clamp(0.0, (n - 1) as f64) as usize;
-            let hi = (lo + 1).min(n - 1);
-            let frac = (pos - lo as f64).clamp(0.0, 1.0);
-            *p = sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
-        }
+        let mut points = quantiles::midpoints(&sorted);
         let mean = points.iter().sum::<f64>() / POINTS as f64;
         if mean <= 0.0 || !mean.is_finite() {
             return Self::steady();

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use crate::prompt_lengths::PromptLengths;
 use crate::rate_shape::RateShape;
 use crate::tiers::TierId;
 
@@ -15,6 +16,9 @@ pub struct TierStats {
     pub mean_output_tokens: f64,
     /// How the rate varies across control windows (steady unless observed).
     pub rate_shape: RateShape,
+    /// How prompt lengths spread around the mean (all at the mean unless
+    /// observed).
+    pub prompt_lengths: PromptLengths,
 }
 
 impl TierStats {
@@ -25,6 +29,7 @@ impl TierStats {
             mean_prompt_tokens,
             mean_output_tokens,
             rate_shape: RateShape::steady(),
+            prompt_lengths: PromptLengths::all(mean_prompt_tokens),
         }
     }
 
@@ -32,10 +37,35 @@ impl TierStats {
         Self { rate_shape, ..self }
     }
 
+    pub fn with_prompt_lengths(self, prompt_lengths: PromptLengths) -> Self {
+        Self { prompt_lengths, ..self }
+    }
+
     /// Requests per second a capacity of `capacity_rps` serves of this
     /// tier's demand scaled by `scale` (see `rate_shape`).
     pub fn served(&self, scale: f64, capacity_rps: f64) -> f64 {
         self.rate_shape.served(self.arrival_rate * scale, capacity_rps)
+    }
+
+    /// `served` when only `share` of the requests can be served at all
+    /// (the rest have prompts too long for the plan's groups): the
+    /// servable part's rate is share·Λ, so E[min(share·Λ, c)] =
+    /// share·E[min(Λ, c/share)].
+    pub fn served_within(&self, scale: f64, capacity_rps: f64, share: f64) -> f64 {
+        if share >= 1.0 {
+            return self.served(scale, capacity_rps);
+        }
+        if share <= 0.0 {
+            return 0.0;
+        }
+        share * self.served(scale, capacity_rps / share)
+    }
+
+    /// The least capacity that serves `target_rps` when only `share` of the
+    /// requests can be served (the inverse of `served_within` at scale 1).
+    pub fn capacity_within(&self, target_rps: f64, share: f64) -> f64 {
+        let share = share.clamp(f64::MIN_POSITIVE, 1.0);
+        share * self.rate_shape.capacity_for(self.arrival_rate, target_rps / share)
     }
 
     /// Checks the numbers are usable; the message names the field.
@@ -60,13 +90,22 @@ struct Arrival {
     output_tokens: u32,
 }
 
+/// Fewest recent requests whose lengths a tier's mean lengths average.
+/// Lengths are heavy-tailed (a coefficient of variation of 2 is common for
+/// prompts): the mean of the 30 requests a 1 req/s tier has in its memory is
+/// off by a third either way from one window to the next, and the plan
+/// chased that noise. 256 samples keep it within about an eighth, and a
+/// busy tier's memory holds more than that anyway.
+pub const MIN_LENGTH_SAMPLES: usize = 256;
+
 /// Records arrivals and summarises them per tier. The rate is the larger of
 /// the rate over the last `horizon_s` (reacts to a burst within a window or
 /// two) and over the last `memory_s` (so a bursty tier that pauses for a few
-/// seconds keeps its GPUs); mean lengths come from the longer span, and so
-/// does the rate's shape: the arrival counts of the full `window_s` windows
-/// since the tier's oldest remembered arrival. Tiers with no arrivals report
-/// rate 0 and the prior lengths.
+/// seconds keeps its GPUs); the rate's shape comes from the longer span: the
+/// arrival counts of the full `window_s` windows since the tier's oldest
+/// remembered arrival. Mean lengths come from the memory's arrivals or, when
+/// it holds fewer, the last `MIN_LENGTH_SAMPLES` arrivals, however old.
+/// Tiers that have seen nothing report rate 0 and the prior lengths.
 #[derive(Debug, Clone)]
 pub struct ArrivalObserver {
     horizon_s: f64,
@@ -74,6 +113,9 @@ pub struct ArrivalObserver {
     window_s: f64,
     prior: TierStats,
     per_tier: Vec<VecDeque<Arrival>>,
+    /// Per tier, the (prompt, output) lengths of its last
+    /// `MIN_LENGTH_SAMPLES` arrivals.
+    recent_lengths: Vec<VecDeque<(u32, u32)>>,
 }
 
 impl ArrivalObserver {
@@ -88,6 +130,7 @@ impl ArrivalObserver {
             window_s,
             prior,
             per_tier: vec![VecDeque::new(); num_tiers],
+            recent_lengths: vec![VecDeque::new(); num_tiers],
         }
     }
 
@@ -97,6 +140,11 @@ impl ArrivalObserver {
             prompt_tokens,
             output_tokens,
         });
+        let lengths = &mut self.recent_lengths[tier];
+        if lengths.len() == MIN_LENGTH_SAMPLES {
+            lengths.pop_front();
+        }
+        lengths.push_back((prompt_tokens, output_tokens));
     }
 
     /// Stats at `now`; arrivals older than the memory are dropped.
@@ -105,29 +153,51 @@ impl ArrivalObserver {
         let (horizon, memory, window, prior) = (self.horizon_s, self.memory_s, self.window_s, self.prior);
         self.per_tier
             .iter_mut()
-            .map(|q| {
+            .zip(&self.recent_lengths)
+            .map(|(q, lengths)| {
                 while q.front().is_some_and(|a| a.time_s <= cutoff) {
                     q.pop_front();
                 }
+                let sample: Vec<(u32, u32)> = if q.len() >= lengths.len() {
+                    q.iter().map(|a| (a.prompt_tokens, a.output_tokens)).collect()
+                } else {
+                    lengths.iter().copied().collect()
+                };
+                let (mean_prompt_tokens, mean_output_tokens) =
+                    mean_lengths(&sample).unwrap_or((prior.mean_prompt_tokens, prior.mean_output_tokens));
+                let prompt_lengths = PromptLengths::from_samples(sample.iter().map(|&(p, _)| p)).unwrap_or(prior.prompt_lengths);
                 if q.is_empty() {
                     return TierStats {
                         arrival_rate: 0.0,
-                        ..prior
+                        mean_prompt_tokens,
+                        mean_output_tokens,
+                        rate_shape: prior.rate_shape,
+                        prompt_lengths,
                     };
                 }
                 let n = q.len() as f64;
                 let recent = q.iter().rev().take_while(|a| a.time_s > now_s - horizon).count() as f64;
-                let prompt: f64 = q.iter().map(|a| f64::from(a.prompt_tokens)).sum();
-                let output: f64 = q.iter().map(|a| f64::from(a.output_tokens)).sum();
                 TierStats {
                     arrival_rate: (recent / horizon).max(n / memory),
-                    mean_prompt_tokens: (prompt / n).max(1.0),
-                    mean_output_tokens: (output / n).max(1.0),
+                    mean_prompt_tokens,
+                    mean_output_tokens,
                     rate_shape: RateShape::from_counts(&window_counts(q, now_s, window)),
+                    prompt_lengths,
                 }
             })
             .collect()
     }
+}
+
+/// Mean (prompt, output) lengths, each at least 1; None when empty.
+fn mean_lengths(lengths: &[(u32, u32)]) -> Option<(f64, f64)> {
+    let (mut n, mut prompt, mut output) = (0.0, 0.0, 0.0);
+    for &(p, o) in lengths {
+        n += 1.0;
+        prompt += f64::from(p);
+        output += f64::from(o);
+    }
+    (n > 0.0).then(|| ((prompt / n).max(1.0), (output / n).max(1.0)))
 }
 
 /// Arrivals per full window, from the window of the oldest arrival in `q`
@@ -158,8 +228,31 @@ mod tests {
         o.record(0, 1.5, 300, 30);
         o.record(0, 2.5, 200, 20);
         let s = o.snapshot(3.0);
-        assert_eq!(s[0], TierStats::new(1.0, 250.0, 25.0), "too few windows for a shape");
+        // The rate over the 2 s memory; the lengths over every arrival seen,
+        // fewer than `MIN_LENGTH_SAMPLES`.
+        assert_eq!(s[0].arrival_rate, 1.0);
+        assert_eq!((s[0].mean_prompt_tokens, s[0].mean_output_tokens), (200.0, 20.0));
+        assert!(s[0].rate_shape.is_steady(), "too few windows for a shape");
+        assert_eq!(
+            s[0].prompt_lengths,
+            PromptLengths::from_samples([100, 300, 200].into_iter()).unwrap()
+        );
         assert_eq!(s[1], TierStats::new(0.0, 512.0, 128.0));
+    }
+
+    #[test]
+    fn lengths_outlast_the_rate_memory_of_a_slow_tier() {
+        let mut o = ArrivalObserver::new(1, 2.0, 10.0, 1.0, TierStats::new(0.0, 512.0, 128.0));
+        for k in 0..300u32 {
+            o.record(0, f64::from(k), 1000 + k, 10);
+        }
+        let s = o.snapshot(300.0)[0];
+        // Nine arrivals in the 10 s memory, but the last 256 set the lengths.
+        assert_eq!(s.arrival_rate, 0.9);
+        assert_eq!(s.mean_prompt_tokens, 1000.0 + (44.0 + 299.0) / 2.0);
+        // Idle past its memory, the tier keeps what it was seen to send.
+        let idle = o.snapshot(400.0)[0];
+        assert_eq!((idle.arrival_rate, idle.mean_prompt_tokens), (0.0, s.mean_prompt_tokens));
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub fn group(tier: usize, role: Role, first_gpu: u32, slo_budget: u64, batch_cap
         batch_cap,
         token_cap: 100,
         slo_budget,
+        max_prompt_tokens: 0,
+        served_share: 1.0,
     }
 }
 
@@ -22,5 +24,6 @@ pub fn plan(groups: Vec<GroupPlan>) -> Plan {
         num_gpus: groups.iter().map(|g| g.first_gpu + g.tp).max().unwrap_or(1),
         groups,
         tier_capacity_rps: vec![1.0, 1.0],
+        tier_served_share: vec![1.0, 1.0],
     }
 }

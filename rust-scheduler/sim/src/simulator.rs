@@ -10,6 +10,7 @@ use thiserror::Error;
 use tiertp_scheduler::control::ControlConfig;
 use tiertp_scheduler::dispatcher::DispatchClass;
 use tiertp_scheduler::profile::Profile;
+use tiertp_scheduler::prompt_lengths::PromptLengths;
 use tiertp_scheduler::stats::{ArrivalObserver, TierStats};
 use tiertp_scheduler::tiers::TierSet;
 use tiertp_scheduler::topology::Cluster;
@@ -232,15 +233,18 @@ fn check_trace(tiers: &TierSet, reqs: &[TraceRequest]) -> Result<(), SimError> {
 
 fn stats_of(num_tiers: usize, reqs: &[TraceRequest], span_s: f64, fallback: &[TierStats]) -> Vec<TierStats> {
     let mut acc = vec![(0usize, 0.0f64, 0.0f64); num_tiers];
+    let mut prompts: Vec<Vec<u32>> = vec![Vec::new(); num_tiers];
     for r in reqs {
         let a = &mut acc[r.tier];
         a.0 += 1;
         a.1 += f64::from(r.prompt_tokens);
         a.2 += f64::from(r.output_tokens);
+        prompts[r.tier].push(r.prompt_tokens);
     }
     acc.iter()
+        .zip(prompts)
         .enumerate()
-        .map(|(t, &(n, p, o))| {
+        .map(|(t, (&(n, p, o), prompts))| {
             if n == 0 {
                 TierStats {
                     arrival_rate: 0.0,
@@ -248,7 +252,11 @@ fn stats_of(num_tiers: usize, reqs: &[TraceRequest], span_s: f64, fallback: &[Ti
                 }
             } else {
                 let n_f = n as f64;
-                TierStats::new(n_f / span_s, p / n_f, o / n_f)
+                let stats = TierStats::new(n_f / span_s, p / n_f, o / n_f);
+                match PromptLengths::from_samples(prompts.into_iter()) {
+                    Some(lengths) => stats.with_prompt_lengths(lengths),
+                    None => stats,
+                }
             }
         })
         .collect()

@@ -51,6 +51,8 @@ pub enum ShedReason {
     DecodeBacklog,
     /// Waited for a decode slot past its TPOT budget.
     HandoffTimeout,
+    /// No group of its tier can prefill a prompt this long within the TTFT.
+    PromptTooLong,
 }
 
 impl ShedReason {
@@ -60,6 +62,7 @@ impl ShedReason {
             ShedReason::NoCapacity => "no_capacity",
             ShedReason::DecodeBacklog => "decode_backlog",
             ShedReason::HandoffTimeout => "handoff_timeout",
+            ShedReason::PromptTooLong => "prompt_too_long",
         }
     }
 }
@@ -220,6 +223,7 @@ impl ControlLoop {
                 num_gpus: self.cluster.num_gpus(),
                 groups: Vec::new(),
                 tier_capacity_rps: vec![0.0; self.tiers.len()],
+                tier_served_share: vec![1.0; self.tiers.len()],
             });
         }
     }
@@ -283,6 +287,7 @@ impl ControlLoop {
             Err(DispatchError::OverBudget { .. }) if backlog => shed(ShedReason::DecodeBacklog),
             Err(DispatchError::OverBudget { .. }) => shed(ShedReason::OverBudget),
             Err(DispatchError::NoCapacity(_)) => shed(ShedReason::NoCapacity),
+            Err(DispatchError::PromptTooLong { .. }) => shed(ShedReason::PromptTooLong),
             Err(e) => Err(e),
         }
     }

@@ -268,3 +268,25 @@ fn a_prefilled_request_takes_a_stricter_tiers_decode_slot_when_its_own_are_taken
     assert_eq!(d.dispatch_decode(3, false).unwrap(), None);
     assert!(d.decode_reachable(3, false).unwrap());
 }
+
+#[test]
+fn a_prompt_goes_only_to_a_group_that_can_prefill_it_in_time() {
+    let capped = |first: u32, max_prompt_tokens: u32| GroupPlan {
+        max_prompt_tokens,
+        ..group(0, Role::Colocated, first, 10_000)
+    };
+    let p = plan(vec![capped(0, 1000), capped(1, 3000)]);
+    let mut d = Dispatcher::new(&tiers(), &p);
+    // Both idle; only group 1 can prefill 2000 tokens in time.
+    assert_eq!(d.dispatch(1, 0, 2000, true).unwrap().group_first_gpu, 1);
+    assert_eq!(d.dispatch(2, 0, 500, true).unwrap().group_first_gpu, 0);
+    // Too long for every group of the tier: shed, not run late.
+    assert_eq!(
+        d.dispatch(3, 0, 5000, true),
+        Err(DispatchError::PromptTooLong {
+            tier: 0,
+            prompt_tokens: 5000
+        })
+    );
+    assert!(!d.is_in_flight(3));
+}

@@ -164,3 +164,37 @@ fn geometric_covers_range_and_ends_at_max() {
     assert_eq!(geometric(0).count(), 0);
     assert_eq!(geometric(1).collect::<Vec<_>>(), vec![1]);
 }
+
+/// 12 of 16 prompts of `short` tokens, 4 of `long`, as observed.
+fn long_tailed(short: u32, long: u32) -> TierStats {
+    let samples = (0..160).map(|i| if i % 4 == 3 { long } else { short });
+    let lengths = crate::prompt_lengths::PromptLengths::from_samples(samples).unwrap();
+    let mean = 0.75 * f64::from(short) + 0.25 * f64::from(long);
+    TierStats::new(100.0, mean, 100.0).with_prompt_lengths(lengths)
+}
+
+#[test]
+fn a_tp_level_too_slow_for_the_mean_prompt_serves_the_shorter_ones() {
+    let p = profile();
+    // Mean 975 tokens: at TP1 2 x 195 ms > 300 ms TTFT, all or nothing
+    // when only the mean is known.
+    let stats = long_tailed(500, 2400);
+    assert!(!estimate_tp(&p, &chat(), &TierStats::new(100.0, 975.0, 100.0), 1).prefill.feasible());
+    // Knowing the lengths: TP1 prefills up to 300 / 0.2 = 1500 tokens alone
+    // in time, so the 500-token three quarters; one per batch (2 x 100 ms
+    // <= 300), 10 per second.
+    let e1 = estimate_tp(&p, &chat(), &stats, 1).prefill;
+    assert_eq!((e1.served_share, e1.max_prompt_tokens, e1.batch_requests), (0.75, 1500, 1));
+    assert!(close(e1.throughput_rps, 10.0), "{e1:?}");
+    // TP2 meets the TTFT for the mean (2 x 117 ms): all of them, sized for
+    // the mean, and capped at 300 / 0.12 = 2500 tokens.
+    let e2 = estimate_tp(&p, &chat(), &stats, 2).prefill;
+    assert_eq!((e2.served_share, e2.max_prompt_tokens), (1.0, 2500));
+    assert!(close(e2.batch_ms, 0.12 * 975.0), "{e2:?}");
+}
+
+#[test]
+fn without_a_ttft_every_prompt_is_served() {
+    let e = estimate_tp(&profile(), &Tier::background_tier("bg", 1.0), &long_tailed(500, 2400), 1);
+    assert_eq!((e.prefill.served_share, e.prefill.max_prompt_tokens), (1.0, 0));
+}

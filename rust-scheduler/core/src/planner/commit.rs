@@ -43,13 +43,15 @@ fn starved(estimates: &[TierEstimate], plan: &Plan) -> usize {
         .count()
 }
 
-/// Tiers a plan leaves below `fraction` of their proportional share.
+/// Tiers a plan leaves below `fraction` of their proportional share of
+/// the demand that can be served in time (prompts too long for every TP
+/// level count for no one).
 fn short_of_floor(fraction: f64, estimates: &[TierEstimate], plan: &Plan) -> usize {
-    let demand: Vec<f64> = estimates.iter().map(|e| e.stats.arrival_rate).collect();
+    let demand: Vec<f64> = estimates.iter().map(|e| e.stats.arrival_rate * e.best_served_share()).collect();
     let served: Vec<f64> = estimates
         .iter()
-        .zip(&plan.tier_capacity_rps)
-        .map(|(e, &cap)| e.stats.served(1.0, cap))
+        .zip(plan.tier_capacity_rps.iter().zip(&plan.tier_served_share))
+        .map(|(e, (&cap, &share))| e.stats.served_within(1.0, cap, share))
         .collect();
     fairness::tiers_short(fraction, &demand, &served)
 }
@@ -78,7 +80,8 @@ pub fn switch_loss(i: &CommitInput) -> f64 {
 fn busy_share(i: &CommitInput, tier: usize) -> f64 {
     let capacity = i.current.tier_capacity_rps[tier];
     if capacity > 0.0 {
-        (i.estimates[tier].stats.served(1.0, capacity) / capacity).min(1.0)
+        let share = i.current.tier_served_share[tier];
+        (i.estimates[tier].stats.served_within(1.0, capacity, share) / capacity).min(1.0)
     } else {
         0.0
     }
@@ -151,6 +154,8 @@ mod tests {
             batch_cap,
             token_cap: if role == Role::Prefill { 4096 } else { 0 },
             slo_budget: if role == Role::Prefill { 8192 } else { u64::from(batch_cap) },
+            max_prompt_tokens: 0,
+            served_share: 1.0,
         }
     }
 
@@ -159,6 +164,7 @@ mod tests {
             num_gpus: 12,
             groups,
             tier_capacity_rps: vec![capacity],
+            tier_served_share: vec![1.0],
         }
     }
 

@@ -18,14 +18,25 @@ pub fn tier_capacities(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
     parts.into_iter().map(|(c, p, d): (f64, f64, f64)| c + p.min(d)).collect()
 }
 
+/// Per tier: the best served share of its prefill-capable groups (1 with
+/// none).
+pub fn tier_served_shares(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
+    let mut best = vec![0.0_f64; num_tiers];
+    for g in groups.iter().filter(|g| g.role.takes_prefill() && g.capacity_rps > 0.0) {
+        best[g.tier] = best[g.tier].max(g.served_share);
+    }
+    best.into_iter().map(|s| if s > 0.0 { s } else { 1.0 }).collect()
+}
+
 /// Weighted goodput the plan can deliver: Σ_t weight_t · E[min(λ_t,
-/// capacity_t)] over the tier's rate variation (`TierStats::served`).
+/// capacity_t)] over the tier's rate variation and the share of its
+/// prompts the plan can serve in time (`TierStats::served_within`).
 pub fn objective(tiers: &[Tier], estimates: &[TierEstimate], plan: &Plan) -> f64 {
     tiers
         .iter()
         .zip(estimates)
-        .zip(&plan.tier_capacity_rps)
-        .map(|((t, e), &cap)| t.weight * e.stats.served(1.0, cap))
+        .zip(plan.tier_capacity_rps.iter().zip(&plan.tier_served_share))
+        .map(|((t, e), (&cap, &share))| t.weight * e.stats.served_within(1.0, cap, share))
         .sum()
 }
 

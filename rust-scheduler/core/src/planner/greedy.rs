@@ -16,7 +16,10 @@
 //!
 //! A tier's capacity is colocated + min(prefill, decode): a prefill group
 //! only adds capacity while decode keeps up, so moves include a
-//! prefill+decode pair.
+//! prefill+decode pair. It serves the share of the tier's prompts its best
+//! prefill-capable group can prefill in time (`served_share`: a larger TP
+//! level takes longer prompts); demand is covered when what it serves
+//! reaches the share the best TP level could.
 
 use super::fairness;
 use crate::estimator::TierEstimate;
@@ -44,11 +47,34 @@ struct Capacity {
     colocated: f64,
     prefill: f64,
     decode: f64,
+    /// Best served share of the prefill-capable groups; 0 with none.
+    share: f64,
 }
 
 impl Capacity {
     fn total(&self) -> f64 {
         self.colocated + self.prefill.min(self.decode)
+    }
+
+    fn add(&mut self, role: Role, throughput: f64, share: f64) {
+        match role {
+            Role::Prefill => self.prefill += throughput,
+            Role::Decode => self.decode += throughput,
+            Role::Colocated => self.colocated += throughput,
+        }
+        if role.takes_prefill() {
+            self.share = self.share.max(share);
+        }
+    }
+
+    /// The share `served_within` takes (1 before any prefill-capable group:
+    /// the capacity is 0 then anyway).
+    fn served_share(&self) -> f64 {
+        if self.share > 0.0 {
+            self.share
+        } else {
+            1.0
+        }
     }
 }
 
@@ -74,6 +100,8 @@ struct State<'a> {
     served_now: Vec<f64>,
     /// Factor on every tier's demand (a uniform surge; 1 = as observed).
     scale: f64,
+    /// Per tier, the most of its prompts any TP level serves in time.
+    best_share: Vec<f64>,
 }
 
 /// One tier's move values at its current capacity: per move, the capacity
@@ -84,48 +112,58 @@ struct TierMoves {
 }
 
 impl<'a> State<'a> {
-    fn stage(&self, tier: usize, role: Role, tp_index: usize) -> f64 {
+    /// (throughput, served share) of one group in `role` at a TP level.
+    fn stage(&self, tier: usize, role: Role, tp_index: usize) -> (f64, f64) {
         let e = &self.input.estimates[tier].per_tp[tp_index];
-        self.input.utilization
-            * match role {
-                Role::Prefill => e.prefill.throughput_rps,
-                Role::Decode => e.decode.throughput_rps,
-                Role::Colocated => e.colocated.throughput_rps,
-            }
+        let s = match role {
+            Role::Prefill => e.prefill,
+            Role::Decode => e.decode,
+            Role::Colocated => e.colocated,
+        };
+        (self.input.utilization * s.throughput_rps, s.served_share)
     }
 
     fn demand(&self, tier: usize) -> f64 {
         self.input.estimates[tier].stats.arrival_rate * self.scale
     }
 
-    /// Requests per second a capacity serves of the tier's (scaled) demand,
-    /// its window-to-window variation included (`TierStats::served`).
-    fn served(&self, tier: usize, capacity: f64) -> f64 {
-        self.input.estimates[tier].stats.served(self.scale, capacity)
+    /// The demand the best TP level could serve in time.
+    fn servable_demand(&self, tier: usize) -> f64 {
+        self.demand(tier) * self.best_share[tier]
     }
 
-    /// Demand the tier's capacity does not serve.
+    /// Requests per second a capacity serves of the tier's (scaled) demand,
+    /// its window-to-window variation and the share of prompts it can serve
+    /// in time included (`TierStats::served_within`).
+    fn served(&self, tier: usize, capacity: &Capacity) -> f64 {
+        self.input.estimates[tier]
+            .stats
+            .served_within(self.scale, capacity.total(), capacity.served_share())
+    }
+
+    /// Servable demand the tier's capacity does not serve.
     fn unmet(&self, tier: usize) -> f64 {
-        (self.demand(tier) - self.served_now[tier]).max(0.0)
+        (self.servable_demand(tier) - self.served_now[tier]).max(0.0)
     }
 
     /// Whether the tier is planned below the plans' fairness aim (`fairness`).
     fn short_of_fair_floor(&self, tier: usize) -> bool {
         let n = self.input.tiers.len();
-        let total_demand: f64 = (0..n).map(|t| self.demand(t)).sum();
+        let total_demand: f64 = (0..n).map(|t| self.servable_demand(t)).sum();
         let total_served: f64 = self.served_now.iter().sum();
         fairness::below(
             fairness::FAIR_PLANNED_FRACTION,
-            self.demand(tier),
+            self.servable_demand(tier),
             self.served_now[tier],
             total_demand,
             total_served,
         )
     }
 
-    /// Whether the unserved part is within `COVERED_SHORTFALL` of demand.
+    /// Whether the unserved part is within `COVERED_SHORTFALL` of the
+    /// servable demand.
     fn covered(&self, tier: usize) -> bool {
-        self.unmet(tier) <= COVERED_SHORTFALL * self.demand(tier) + 1e-9
+        self.unmet(tier) <= COVERED_SHORTFALL * self.servable_demand(tier) + 1e-9
     }
 
     fn gpus(&self, m: Move) -> u32 {
@@ -136,16 +174,12 @@ impl<'a> State<'a> {
         }
     }
 
-    fn gain(&self, tier: usize, m: Move) -> f64 {
+    /// The tier's capacity after the move.
+    fn after(&self, tier: usize, m: Move) -> Capacity {
         let mut c = self.caps[tier];
-        let before = c.total();
         let mut add = |role: Role, i: usize| {
-            let x = self.stage(tier, role, i);
-            match role {
-                Role::Prefill => c.prefill += x,
-                Role::Decode => c.decode += x,
-                Role::Colocated => c.colocated += x,
-            }
+            let (x, share) = self.stage(tier, role, i);
+            c.add(role, x, share);
         };
         match m {
             Move::Single(role, i) => add(role, i),
@@ -154,7 +188,12 @@ impl<'a> State<'a> {
                 add(Role::Decode, d);
             }
         }
-        c.total() - before
+        c
+    }
+
+    /// Capacity the move adds.
+    fn gain(&self, tier: usize, m: Move) -> f64 {
+        self.after(tier, m).total() - self.caps[tier].total()
     }
 
     fn fits(&self, m: Move) -> bool {
@@ -217,31 +256,23 @@ impl<'a> State<'a> {
             }
         }
         for c in placed {
-            let x = self.stage(tier, c.role, c.tp_index);
-            let cap = &mut self.caps[tier];
-            match c.role {
-                Role::Prefill => cap.prefill += x,
-                Role::Decode => cap.decode += x,
-                Role::Colocated => cap.colocated += x,
-            }
+            let (x, share) = self.stage(tier, c.role, c.tp_index);
+            self.caps[tier].add(c.role, x, share);
             self.chosen.push(c);
         }
-        self.served_now[tier] = self.served(tier, self.caps[tier].total());
+        self.served_now[tier] = self.served(tier, &self.caps[tier]);
         true
     }
 
     fn tier_moves(&self, tier: usize, moves: &[Move]) -> TierMoves {
-        let cap = self.caps[tier].total();
+        let before = self.caps[tier].total();
         let served_now = self.served_now[tier];
         let gain_and_served = moves
             .iter()
             .map(|&m| {
-                let gain = self.gain(tier, m);
-                let served = if gain > 0.0 {
-                    self.served(tier, cap + gain) - served_now
-                } else {
-                    0.0
-                };
+                let after = self.after(tier, m);
+                let gain = after.total() - before;
+                let served = if gain > 0.0 { self.served(tier, &after) - served_now } else { 0.0 };
                 (gain, served)
             })
             .collect();
@@ -270,11 +301,7 @@ impl<'a> State<'a> {
                 if k <= 0.0 {
                     continue;
                 }
-                let fairness = if self.input.fairness_weighting {
-                    (self.demand(t) - self.served_now[t]).max(0.0)
-                } else {
-                    1.0
-                };
+                let fairness = if self.input.fairness_weighting { self.unmet(t) } else { 1.0 };
                 let w = k * self.input.tiers[t].weight * fairness;
                 let tier_values = values[t].get_or_insert_with(|| self.tier_moves(t, moves));
                 for (mi, &(gain, served)) in tier_values.gain_and_served.iter().enumerate() {
@@ -362,7 +389,7 @@ fn fewest_gpus_to_cover(input: &GreedyInput, scale: f64) -> f64 {
                 best = best.max(prefill * decode / (prefill + decode));
             }
             // Covered means at most COVERED_SHORTFALL unserved.
-            let to_serve = (1.0 - COVERED_SHORTFALL) * demand;
+            let to_serve = (1.0 - COVERED_SHORTFALL) * demand * est.best_served_share();
             if best > 0.0 {
                 to_serve / best
             } else {
@@ -402,9 +429,10 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
         chosen: Vec::new(),
         served_now: vec![0.0; input.tiers.len()],
         scale,
+        best_share: input.estimates.iter().map(|e| e.best_served_share()).collect(),
     };
     for t in 0..input.tiers.len() {
-        s.served_now[t] = s.served(t, 0.0);
+        s.served_now[t] = s.served(t, &Capacity::default());
     }
     let moves = s.moves();
     let slo: Vec<usize> = (0..input.tiers.len()).filter(|&t| !input.tiers[t].background).collect();
@@ -484,9 +512,10 @@ fn phase0_one_group_each(s: &mut State, slo: &[usize], background: &[usize], mov
             if !serving(&m) || s.gpus(m) > budget || !s.fits(m) {
                 continue;
             }
-            let gain = s.gain(t, m);
+            let after = s.after(t, m);
+            let gain = after.total() - s.caps[t].total();
             let gpus = f64::from(s.gpus(m));
-            let score = (s.served(t, gain) / gpus, gain / gpus);
+            let score = ((s.served(t, &after) - s.served_now[t]) / gpus, gain / gpus);
             if gain > 0.0 && best.is_none_or(|(b, _)| score > b) {
                 best = Some((score, m));
             }

@@ -156,6 +156,8 @@ mod tests {
             batch_requests: 1,
             batch_tokens: 1,
             batch_ms: 1.0,
+            served_share: 1.0,
+            max_prompt_tokens: 0,
         }
     }
 

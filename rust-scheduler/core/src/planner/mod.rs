@@ -27,7 +27,7 @@ use crate::switch_cost::SwitchCost;
 use crate::tiers::{Tier, TierSet};
 use crate::topology::{Allocator, Cluster, MAX_GPUS_PER_NODE};
 
-pub use diff::objective;
+pub use diff::{objective, tier_served_shares};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum PlanError {
@@ -409,6 +409,7 @@ impl Planner {
                         g = pooled;
                     }
                     g.capacity_rps = pooled.capacity_rps;
+                    g.served_share = pooled.served_share;
                 }
                 g.capacity_rps *= self.config.target_utilization;
                 g
@@ -416,11 +417,13 @@ impl Planner {
             .collect();
         out.sort_by_key(|g| g.first_gpu);
         let mut tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
-        sharing::credit_members(&mut tier_capacity_rps, estimates, &sharing);
+        let mut tier_served_share = diff::tier_served_shares(tiers.len(), &out);
+        sharing::credit_members(&mut tier_capacity_rps, &mut tier_served_share, estimates, &sharing);
         Plan {
             num_gpus: self.cluster.num_gpus(),
             groups: out,
             tier_capacity_rps,
+            tier_served_share,
         }
     }
 }
@@ -436,8 +439,11 @@ struct Basis<'a> {
 fn covers_demand(estimates: &[TierEstimate], plan: &Plan) -> bool {
     estimates
         .iter()
-        .zip(&plan.tier_capacity_rps)
-        .all(|(e, &capacity)| e.stats.served(1.0, capacity) >= (1.0 - greedy::COVERED_SHORTFALL) * e.stats.arrival_rate - 1e-9)
+        .zip(plan.tier_capacity_rps.iter().zip(&plan.tier_served_share))
+        .all(|(e, (&capacity, &share))| {
+            let servable = e.best_served_share() * e.stats.arrival_rate;
+            e.stats.served_within(1.0, capacity, share) >= (1.0 - greedy::COVERED_SHORTFALL) * servable - 1e-9
+        })
 }
 
 fn check_stats(tiers: &[Tier], stats: &[TierStats]) -> Result<(), PlanError> {
@@ -497,6 +503,11 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
     } else {
         profile.throughput_caps(e.tp).expect("planned TP levels come from the profile")
     };
+    let (max_prompt_tokens, served_share) = if stage.feasible() && role.takes_prefill() {
+        (stage.max_prompt_tokens, stage.served_share)
+    } else {
+        (0, 1.0)
+    };
     GroupPlan {
         tier: tier_id,
         role,
@@ -506,6 +517,8 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
         batch_cap,
         token_cap: if role == Role::Decode { 0 } else { token_cap },
         slo_budget,
+        max_prompt_tokens,
+        served_share,
     }
 }
 

@@ -74,9 +74,12 @@ mod tests {
                     batch_cap: 1,
                     token_cap: 0,
                     slo_budget: 1,
+                    max_prompt_tokens: 0,
+                    served_share: 1.0,
                 })
                 .collect(),
             tier_capacity_rps: vec![1.0],
+            tier_served_share: vec![1.0],
         }
     }
 

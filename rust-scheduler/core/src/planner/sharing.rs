@@ -21,6 +21,7 @@ use std::borrow::Cow;
 
 use crate::estimator::{estimate_tier, TierEstimate};
 use crate::profile::Profile;
+use crate::prompt_lengths::PromptLengths;
 use crate::rate_shape::RateShape;
 use crate::stats::TierStats;
 use crate::tiers::Tier;
@@ -59,7 +60,8 @@ pub fn sole_tier_with_demand(estimates: &[TierEstimate]) -> Option<usize> {
 }
 
 /// The members' load merged into one: summed rate, rate-weighted mean
-/// lengths, and the shape of the summed rate (`RateShape::pooled`).
+/// lengths and prompt-length mixture, and the shape of the summed rate
+/// (`RateShape::pooled`).
 pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
     let rate: f64 = members.iter().map(|&m| estimates[m].stats.arrival_rate).sum();
     let host = estimates[members[0]].stats;
@@ -77,11 +79,16 @@ pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats 
         .iter()
         .map(|&m| (estimates[m].stats.arrival_rate, estimates[m].stats.rate_shape))
         .collect();
+    let lengths: Vec<(f64, PromptLengths)> = members
+        .iter()
+        .map(|&m| (estimates[m].stats.arrival_rate, estimates[m].stats.prompt_lengths))
+        .collect();
     TierStats {
         arrival_rate: rate,
         mean_prompt_tokens: mean(|s| s.mean_prompt_tokens),
         mean_output_tokens: mean(|s| s.mean_output_tokens),
         rate_shape: RateShape::pooled(&shapes),
+        prompt_lengths: PromptLengths::mixture(&lengths).unwrap_or(host.prompt_lengths),
     }
 }
 
@@ -113,19 +120,23 @@ pub fn planning_estimates<'a>(
 /// proportion to its demand; it is credited the capacity that serves as
 /// much of its own rate (`RateShape::capacity_for`), so what the objective
 /// and the fairness rules compute per tier is the pool's share.
-pub fn credit_members(capacities: &mut [f64], estimates: &[TierEstimate], sharing: &Sharing) {
+pub fn credit_members(capacities: &mut [f64], served_shares: &mut [f64], estimates: &[TierEstimate], sharing: &Sharing) {
     let Sharing::Pooled { host, members } = sharing else {
         return;
     };
     let pool = merged_stats(estimates, members);
-    let served = pool.served(1.0, capacities[*host]);
+    let pool_share = served_shares[*host];
+    let served = pool.served_within(1.0, capacities[*host], pool_share);
     for &m in members {
         let s = &estimates[m].stats;
-        let share = if pool.arrival_rate > 0.0 {
+        let part = if pool.arrival_rate > 0.0 {
             served * s.arrival_rate / pool.arrival_rate
         } else {
             0.0
         };
-        capacities[m] = s.rate_shape.capacity_for(s.arrival_rate, share);
+        // Each member is credited the pool's share of prompts served in
+        // time (the pool's groups take everyone's within the same caps).
+        served_shares[m] = pool_share;
+        capacities[m] = s.capacity_within(part, pool_share);
     }
 }

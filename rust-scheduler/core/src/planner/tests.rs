@@ -60,6 +60,66 @@ fn picks_tp2_when_only_tp2_meets_the_slo() {
     assert!(out.plan.tier_capacity_rps[0] > 0.0);
 }
 
+/// TP1 prefills 0.2 ms per token, TP2 0.12 ms (as in the test above).
+fn linear_planner(ttft_ms: f64) -> Planner {
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let profile = tabulate(
+        &[1, 2],
+        &axes,
+        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
+        |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
+        None,
+    );
+    let tiers = TierSet::new(vec![Tier::slo_tier("chat", ttft_ms, 30.0, 1.0)], "t").unwrap();
+    Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap()
+}
+
+/// Three quarters of the prompts `short` tokens long, a quarter `long`.
+fn long_tailed(rate: f64, short: u32, long: u32) -> TierStats {
+    let samples = (0..160).map(|i| if i % 4 == 3 { long } else { short });
+    let lengths = crate::prompt_lengths::PromptLengths::from_samples(samples).unwrap();
+    TierStats::new(rate, 0.75 * f64::from(short) + 0.25 * f64::from(long), 100.0).with_prompt_lengths(lengths)
+}
+
+#[test]
+fn a_long_tailed_tier_is_served_where_its_mean_prompt_cannot_be() {
+    // TTFT 150 ms: a mean 1000-token prompt takes 2 x 120 ms at TP2 at best.
+    let mut p = linear_planner(150.0);
+    let mean_only = p.propose(&[TierStats::new(5.0, 1000.0, 100.0)]).unwrap().0;
+    assert_eq!(mean_only.tier_capacity_rps[0], 0.0, "{mean_only:?}");
+    // The 300-token three quarters fit at either level; the 3100-token
+    // quarter at none, and is shed at dispatch rather than run late.
+    let out = p.step(&[long_tailed(5.0, 300, 3100)]).unwrap();
+    assert!(out.plan.tier_capacity_rps[0] > 0.0, "{:?}", out.plan);
+    assert_eq!(out.plan.tier_served_share[0], 0.75);
+    for g in out.plan.groups.iter().filter(|g| g.role.takes_prefill() && g.capacity_rps > 0.0) {
+        assert!((300..3100).contains(&g.max_prompt_tokens), "{g:?}");
+    }
+}
+
+#[test]
+fn long_prompts_get_a_group_that_can_prefill_them_in_time() {
+    // TTFT 300 ms: TP1 prefills up to 1500 tokens in time, TP2 2500. TP1
+    // serves more per GPU, but only the short three quarters: the plan
+    // also needs a TP2 prefill group for the 2300-token quarter.
+    let mut p = linear_planner(300.0);
+    let out = p.step(&[long_tailed(5.0, 567, 2300)]).unwrap();
+    assert_eq!(out.plan.tier_served_share[0], 1.0, "{:?}", out.plan);
+    assert!(
+        out.plan
+            .groups
+            .iter()
+            .any(|g| g.role.takes_prefill() && g.tp == 2 && g.max_prompt_tokens >= 2300),
+        "{:?}",
+        out.plan
+    );
+}
+
 #[test]
 fn hysteresis_keeps_the_plan_under_small_changes() {
     let tiers = vec![
@@ -242,12 +302,21 @@ fn pool_members_are_credited_their_share_of_what_the_pool_serves() {
     let pool = sharing::pool_for(p.tiers().tiers(), &e).unwrap();
     // The host's groups serve 20 req/s of the 40 offered (steady rates): each gets half of its demand.
     let mut caps = vec![20.0, 0.0];
-    sharing::credit_members(&mut caps, &e, &pool);
+    let mut shares = vec![1.0, 1.0];
+    sharing::credit_members(&mut caps, &mut shares, &e, &pool);
     assert!((caps[0] - 15.0).abs() < 1e-9 && (caps[1] - 5.0).abs() < 1e-9, "{caps:?}");
+    // With only half the pool's prompts short enough for its groups, each
+    // member is credited the pool's share and half its served requests.
+    let mut caps = vec![10.0, 0.0];
+    let mut shares = vec![0.5, 1.0];
+    sharing::credit_members(&mut caps, &mut shares, &e, &pool);
+    assert_eq!(shares, vec![0.5, 0.5]);
+    assert!((caps[0] - 7.5).abs() < 1e-9 && (caps[1] - 2.5).abs() < 1e-9, "{caps:?}");
     // Per tier, nothing is pooled or moved.
     let mut own = vec![20.0, 0.0];
-    sharing::credit_members(&mut own, &e, &Sharing::PerTier);
-    assert_eq!(own, vec![20.0, 0.0]);
+    let mut own_shares = vec![0.5, 1.0];
+    sharing::credit_members(&mut own, &mut own_shares, &e, &Sharing::PerTier);
+    assert_eq!((own, own_shares), (vec![20.0, 0.0], vec![0.5, 1.0]));
 }
 
 #[test]

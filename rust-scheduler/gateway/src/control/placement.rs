@@ -96,6 +96,15 @@ impl Control {
             // No GPU to plan over, or none up: not a matter of load.
             (ShedReason::NoCapacity, Some(note)) => ApiError::NoCapacity(note.to_string()),
             (ShedReason::NoCapacity, None) if all_down => ApiError::NoCapacity("no live GPU can take the request".into()),
+            (ShedReason::PromptTooLong, _) => ApiError::Overloaded {
+                message: format!(
+                    "tier {:?}: the current plan has no group that can prefill a prompt this long within the tier's TTFT \
+                     ({}); retry after {retry} s, or shorten the prompt",
+                    self.tiers.tiers()[tier].name,
+                    reason.name()
+                ),
+                retry_after_s: retry,
+            },
             _ => ApiError::Overloaded {
                 message: format!(
                     "tier {:?} is at its SLO capacity ({}); retry after {retry} s",

@@ -24,6 +24,8 @@ impl Control {
                     "batch_cap": g.batch_cap,
                     "token_cap": g.token_cap,
                     "slo_budget": g.slo_budget,
+                    "max_prompt_tokens": g.max_prompt_tokens,
+                    "served_share": g.served_share,
                 })
             })
             .collect();

@@ -111,6 +111,7 @@ pub fn partition_plan(ctx: &Ctx) -> Result<(Plan, Value), String> {
         }
     }
     groups.sort_by_key(|g| g.first_gpu);
+    let tier_served_share = tiertp_scheduler::planner::tier_served_shares(n, &groups);
     let mut tier_capacity_rps = vec![0.0; n];
     for p in &parts {
         tier_capacity_rps[p.tier] = p.capacity_rps;
@@ -123,6 +124,7 @@ pub fn partition_plan(ctx: &Ctx) -> Result<(Plan, Value), String> {
             num_gpus: ctx.cluster.num_gpus(),
             groups,
             tier_capacity_rps,
+            tier_served_share,
         },
         layout,
     ))
