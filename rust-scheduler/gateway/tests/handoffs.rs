@@ -2,7 +2,8 @@
 //! becomes a `hand_off` to the agent holding the request, naming the core's
 //! decode group in that agent's numbering; a wait is handed off once the
 //! core grants a slot, and a wait the core sheds is cancelled at the agent
-//! and ends the client's stream with 503 `overloaded` and Retry-After.
+//! and ends the client's stream with 503 `overloaded` and Retry-After; a
+//! prompt no group can prefill within its TTFT is shed at the door.
 //!
 //! The planner may not colocate here, so every request is prefilled on a
 //! prefill group and needs a decode slot. The control loop runs on a
@@ -111,6 +112,33 @@ async fn a_move_goes_to_the_agent_holding_the_request_naming_the_cores_group_in_
     assert_eq!(agents[0].hand_offs.lock().unwrap().len(), 0);
     assert_eq!(agents[1].hand_offs.lock().unwrap().len(), 1);
     assert!(agents.iter().all(|a| a.cancels.lock().unwrap().is_empty()));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_prompt_no_group_can_prefill_within_the_ttft_is_shed_at_the_door() {
+    let agents = [Arc::new(Recorder::default()), Arc::new(Recorder::default())];
+    let workers: Vec<Arc<dyn WorkerClient>> = agents.iter().map(|a| a.clone() as Arc<dyn WorkerClient>).collect();
+    let (control, _clock) = control(workers, &[2, 2]);
+    let caps: Vec<u64> = control.plan_json()["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["role"] == "prefill")
+        .map(|g| g["max_prompt_tokens"].as_u64().unwrap())
+        .collect();
+    assert!(!caps.is_empty() && caps.iter().all(|&c| c > 64), "{caps:?}");
+    let longest = *caps.iter().max().unwrap() as u32;
+    // The longest prompt some group prefills in time is placed; one token
+    // more is shed with 503 `overloaded`, for either tier (agent is hosted
+    // on chat's groups), and nothing reaches an agent.
+    assert!(control.place(1, CHAT, longest, 8, &[], true).is_ok());
+    let shed_before = control.metrics.tiers[CHAT].shed.load(Ordering::Relaxed);
+    for (id, tier) in [(2, CHAT), (3, AGENT)] {
+        let err = control.place(id, tier, longest + 1, 8, &[], true).unwrap_err();
+        assert!(matches!(err, ApiError::Overloaded { .. }), "{err:?}");
+        assert!(err.to_string().contains("prompt_too_long"), "{err}");
+    }
+    assert_eq!(control.metrics.tiers[CHAT].shed.load(Ordering::Relaxed), shed_before + 1);
 }
 
 /// One mock agent with two devices (prefill on 0, decode on 1) behind the
