@@ -36,21 +36,7 @@ fn assigns_every_gpu_and_meets_modest_demand() {
 
 #[test]
 fn picks_tp2_when_only_tp2_meets_the_slo() {
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
-    let profile = tabulate(
-        &[1, 2],
-        &axes,
-        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
-        |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
-        None,
-    );
-    let tiers = TierSet::new(vec![Tier::slo_tier("chat", 300.0, 30.0, 1.0)], "t").unwrap();
-    let mut p = Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap();
+    let mut p = linear_planner(300.0);
     let out = p.step(&[TierStats::new(20.0, 1000.0, 100.0)]).unwrap();
     for g in &out.plan.groups {
         if g.role.takes_prefill() && g.capacity_rps > 0.0 {
@@ -60,7 +46,9 @@ fn picks_tp2_when_only_tp2_meets_the_slo() {
     assert!(out.plan.tier_capacity_rps[0] > 0.0);
 }
 
-/// TP1 prefills 0.2 ms per token, TP2 0.12 ms (as in the test above).
+/// One SLO tier (TPOT 30 ms) on 8 GPUs of a linear profile: TP1 prefills
+/// 0.2 ms per token, TP2 0.12 ms; a decode step is 10 ms + 1 ms per extra
+/// request at TP1, 6 ms + 0.5 ms at TP2.
 fn linear_planner(ttft_ms: f64) -> Planner {
     let axes = Axes {
         prefill_tokens: &[100.0, 1000.0],
