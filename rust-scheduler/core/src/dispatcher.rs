@@ -23,6 +23,12 @@
 //!   its SLO (no best-effort spill: a request in a batch holds its slot
 //!   until it finishes, whether or not it still counts).
 //!
+//! Every group, idle or not, takes only prompts it can prefill within its
+//! TTFT alone (`GroupPlan::max_prompt_tokens`): a longer one goes to a
+//! larger TP group, or, where no group of the tier or its lenders can take
+//! it, is refused as `PromptTooLong` (run anyway, it would miss its TTFT and
+//! delay the prompts queued behind it).
+//!
 //! A prefill-only group takes an SLO request only while a decode slot is
 //! free for it: the decode groups of its tier and its lenders on the
 //! group's node have more free slots than the tier has prompts prefilling
