@@ -29,7 +29,7 @@
 //! Background tiers have no SLO: each stage runs at its largest batch.
 
 use crate::profile::Profile;
-use crate::prompt_lengths::{PromptLengths, Subset};
+use crate::prompt_lengths::{self, PromptLengths, Subset};
 use crate::stats::TierStats;
 use crate::tiers::{Tier, TierId};
 
@@ -116,18 +116,13 @@ impl TierEstimate {
     /// stage serves in time (1 when none can serve any: nothing is then
     /// served for a reason other than prompt length).
     pub fn best_served_share(&self) -> f64 {
-        let best = self
-            .per_tp
-            .iter()
-            .flat_map(|e| [e.prefill, e.colocated])
-            .filter(StageEstimate::feasible)
-            .map(|s| s.served_share)
-            .fold(0.0, f64::max);
-        if best > 0.0 {
-            best
-        } else {
-            1.0
-        }
+        prompt_lengths::best_served_share(
+            self.per_tp
+                .iter()
+                .flat_map(|e| [e.prefill, e.colocated])
+                .filter(StageEstimate::feasible)
+                .map(|s| s.served_share),
+        )
     }
 
     /// Every candidate configuration with a non-zero throughput.
@@ -198,17 +193,17 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
         .collect();
     // Decode groups hold the prompts some prefill-capable stage serves: at
     // most the largest such subset, whose mean sets the context.
-    let share = prefilling
-        .iter()
-        .flat_map(|(_, p, c)| [p, c])
-        .filter(|s| s.feasible())
-        .map(|s| s.served_share)
-        .fold(0.0, f64::max);
+    let share = prompt_lengths::best_served_share(
+        prefilling
+            .iter()
+            .flat_map(|(_, p, c)| [p, c])
+            .filter(|s| s.feasible())
+            .map(|s| s.served_share),
+    );
     let decode_prompt = stats
         .prompt_lengths
         .subsets(l_in)
         .find(|s| s.share <= share + 1e-12)
-        .filter(|_| share > 0.0)
         .map_or(l_in, |s| s.mean_tokens);
     let per_tp = prefilling
         .into_iter()

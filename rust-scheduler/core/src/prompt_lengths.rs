@@ -9,6 +9,18 @@
 
 use crate::quantiles::{self, POINTS};
 
+/// The largest of the served shares of a tier's prefill-capable stages or
+/// groups; 1 when there is none above 0 (nothing is then served, for a
+/// reason other than prompt length, so no share of the demand is excused).
+pub fn best_served_share(shares: impl IntoIterator<Item = f64>) -> f64 {
+    let best = shares.into_iter().fold(0.0, f64::max);
+    if best > 0.0 {
+        best
+    } else {
+        1.0
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PromptLengths {
     /// Prompt tokens at the quantiles (i + 0.5) / POINTS, ascending.

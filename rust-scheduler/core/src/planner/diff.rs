@@ -2,6 +2,7 @@
 
 use crate::estimator::TierEstimate;
 use crate::plan::{GpuCommand, GroupPlan, Plan, Role};
+use crate::prompt_lengths::best_served_share;
 use crate::tiers::Tier;
 
 /// Per tier: colocated capacity plus the balanced part of prefill/decode.
@@ -21,11 +22,16 @@ pub fn tier_capacities(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
 /// Per tier: the best served share of its prefill-capable groups (1 with
 /// none).
 pub fn tier_served_shares(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
-    let mut best = vec![0.0_f64; num_tiers];
-    for g in groups.iter().filter(|g| g.role.takes_prefill() && g.capacity_rps > 0.0) {
-        best[g.tier] = best[g.tier].max(g.served_share);
-    }
-    best.into_iter().map(|s| if s > 0.0 { s } else { 1.0 }).collect()
+    (0..num_tiers)
+        .map(|tier| {
+            best_served_share(
+                groups
+                    .iter()
+                    .filter(|g| g.tier == tier && g.role.takes_prefill() && g.capacity_rps > 0.0)
+                    .map(|g| g.served_share),
+            )
+        })
+        .collect()
 }
 
 /// Weighted goodput the plan can deliver: Σ_t weight_t · E[min(λ_t,

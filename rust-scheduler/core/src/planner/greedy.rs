@@ -24,6 +24,7 @@
 use super::fairness;
 use crate::estimator::TierEstimate;
 use crate::plan::Role;
+use crate::prompt_lengths::best_served_share;
 use crate::tiers::Tier;
 use crate::topology::Allocator;
 
@@ -70,11 +71,7 @@ impl Capacity {
     /// The share `served_within` takes (1 before any prefill-capable group:
     /// the capacity is 0 then anyway).
     fn served_share(&self) -> f64 {
-        if self.share > 0.0 {
-            self.share
-        } else {
-            1.0
-        }
+        best_served_share([self.share])
     }
 }
 

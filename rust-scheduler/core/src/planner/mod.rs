@@ -189,8 +189,8 @@ impl Planner {
     /// member's request then runs on the host's groups), else per tier.
     fn sharing_of(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate]) -> Sharing {
         match sharing::pool_for(self.tiers.tiers(), estimates) {
-            Some(Sharing::Pooled { host, members }) if groups.iter().all(|g| g.0 == host || !members.contains(&g.0)) => {
-                Sharing::Pooled { host, members }
+            Some(Sharing::Pooled { host, members, load }) if groups.iter().all(|g| g.0 == host || !members.contains(&g.0)) => {
+                Sharing::Pooled { host, members, load }
             }
             _ => Sharing::PerTier,
         }

@@ -30,8 +30,13 @@ use crate::tiers::Tier;
 pub enum Sharing {
     /// Every tier on its own groups (a full tier still borrows at dispatch).
     PerTier,
-    /// Every tier in `members` (`host` among them) on `host`'s groups.
-    Pooled { host: usize, members: Vec<usize> },
+    /// Every tier in `members` (`host` among them) on `host`'s groups;
+    /// `load`: the members' load merged into one (`merged_stats`).
+    Pooled {
+        host: usize,
+        members: Vec<usize>,
+        load: Box<TierStats>,
+    },
 }
 
 /// The pool the current demand allows: the tiers with demand, hosted by
@@ -49,7 +54,8 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
         .filter(|&h| !tiers[h].background && members.iter().all(|&m| tiers[h].lends_to(&tiers[m])))
         .rev()
         .max_by(|&a, &b| estimates[a].stats.arrival_rate.total_cmp(&estimates[b].stats.arrival_rate))?;
-    Some(Sharing::Pooled { host, members })
+    let load = Box::new(merged_stats(estimates, &members));
+    Some(Sharing::Pooled { host, members, load })
 }
 
 /// The one tier with demand, if only one has any.
@@ -62,7 +68,7 @@ pub fn sole_tier_with_demand(estimates: &[TierEstimate]) -> Option<usize> {
 /// The members' load merged into one: summed rate, rate-weighted mean
 /// lengths and prompt-length mixture, and the shape of the summed rate
 /// (`RateShape::pooled`).
-pub fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
+fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
     let rate: f64 = members.iter().map(|&m| estimates[m].stats.arrival_rate).sum();
     let host = estimates[members[0]].stats;
     if rate <= 0.0 {
@@ -103,11 +109,11 @@ pub fn planning_estimates<'a>(
     sharing: &Sharing,
     tp_levels: &[u32],
 ) -> Cow<'a, [TierEstimate]> {
-    let Sharing::Pooled { host, members } = sharing else {
+    let Sharing::Pooled { host, members, load } = sharing else {
         return Cow::Borrowed(estimates);
     };
     let mut out = estimates.to_vec();
-    out[*host] = estimate_tier(profile, *host, &tiers[*host], merged_stats(estimates, members), tp_levels);
+    out[*host] = estimate_tier(profile, *host, &tiers[*host], **load, tp_levels);
     for &m in members.iter().filter(|&&m| m != *host) {
         out[m].stats.arrival_rate = 0.0;
     }
@@ -121,10 +127,9 @@ pub fn planning_estimates<'a>(
 /// much of its own rate (`RateShape::capacity_for`), so what the objective
 /// and the fairness rules compute per tier is the pool's share.
 pub fn credit_members(capacities: &mut [f64], served_shares: &mut [f64], estimates: &[TierEstimate], sharing: &Sharing) {
-    let Sharing::Pooled { host, members } = sharing else {
+    let Sharing::Pooled { host, members, load: pool } = sharing else {
         return;
     };
-    let pool = merged_stats(estimates, members);
     let pool_share = served_shares[*host];
     let served = pool.served_within(1.0, capacities[*host], pool_share);
     for &m in members {

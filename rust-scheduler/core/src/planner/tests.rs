@@ -258,12 +258,15 @@ fn a_pool_is_hosted_by_the_tier_that_lends_to_every_other() {
         4,
     );
     let e = p.estimate(&stats(10.0, 5.0)).unwrap();
-    assert_eq!(
-        sharing::pool_for(p.tiers().tiers(), &e),
-        Some(Sharing::Pooled {
-            host: 0,
-            members: vec![0, 1]
-        })
+    let Some(Sharing::Pooled { host, members, load }) = sharing::pool_for(p.tiers().tiers(), &e) else {
+        panic!("chat lends to agent: a pool");
+    };
+    assert_eq!((host, members), (0, vec![0, 1]));
+    // The merged load: summed rate, rate-weighted mean lengths.
+    assert_eq!(load.arrival_rate, 15.0);
+    assert!(
+        (load.mean_prompt_tokens - (10.0 * 512.0 + 5.0 * 2048.0) / 15.0).abs() < 1e-9,
+        "{load:?}"
     );
     // One tier with demand: nothing to pool.
     assert_eq!(sharing::pool_for(p.tiers().tiers(), &p.estimate(&stats(10.0, 0.0)).unwrap()), None);
