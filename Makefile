@@ -21,7 +21,7 @@ demo: setup  ## The control loop on embedded defaults, in the simulator
 test: setup lint test-rust test-python  ## Everything CI runs
 
 test-rust:  ## Cargo tests (unit and property tests)
-	cargo test --workspace --release
+	cargo test --workspace
 
 test-python:  ## Pytest suite against the built extension
 	$(BIN)/python -m pytest -q tests
