@@ -67,7 +67,8 @@ pub fn estimate(e: &TierEstimate, names: &[String]) -> Value {
         "tier": names[e.tier],
         "arrival_rate": e.stats.arrival_rate,
         "per_tp": e.per_tp.iter().map(|t| json!({
-            "tp": t.tp, "prefill": stage(&t.prefill), "decode": stage(&t.decode), "colocated": stage(&t.colocated),
+            "tp": t.tp, "prefill": stage(&t.prefill), "decode": stage(&t.decode), "decode_held": stage(&t.decode_held),
+            "colocated": stage(&t.colocated),
         })).collect::<Vec<_>>(),
         "candidates": e.candidates().iter().map(candidate).collect::<Vec<_>>(),
     })

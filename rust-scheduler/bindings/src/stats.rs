@@ -36,6 +36,13 @@ impl TierStats {
         self.inner.mean_output_tokens
     }
 
+    /// Mean prompt of the tier's recently prefilled requests (what its
+    /// decode groups hold); None until enough were seen.
+    #[getter]
+    fn prefilled_prompt_tokens(&self) -> Option<f64> {
+        self.inner.prefilled_prompt_tokens
+    }
+
     fn __repr__(&self) -> String {
         let s = &self.inner;
         format!(

@@ -480,6 +480,12 @@ impl Dispatcher {
         self.in_flight.get(&request_id).map(|c| c.tier)
     }
 
+    /// The prompt tokens the request is charged until its first token (0
+    /// after `prefill_done`).
+    pub fn prompt_charge(&self, request_id: u64) -> Option<u64> {
+        self.in_flight.get(&request_id).map(|c| c.load.tokens)
+    }
+
     /// Returns everything the request holds; its prompt tokens returned.
     pub fn complete(&mut self, request_id: u64) -> Result<u64, DispatchError> {
         let c = self

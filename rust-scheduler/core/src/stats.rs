@@ -19,6 +19,11 @@ pub struct TierStats {
     /// How prompt lengths spread around the mean (all at the mean unless
     /// observed).
     pub prompt_lengths: PromptLengths,
+    /// Mean prompt of the tier's recently prefilled requests, the ones its
+    /// decode groups hold (None until enough were seen). Under overload
+    /// they are not the arrivals: a prefill group's token budget lets short
+    /// prompts in where a long one does not fit, and the rest are shed.
+    pub prefilled_prompt_tokens: Option<f64>,
 }
 
 impl TierStats {
@@ -30,6 +35,7 @@ impl TierStats {
             mean_output_tokens,
             rate_shape: RateShape::steady(),
             prompt_lengths: PromptLengths::all(mean_prompt_tokens),
+            prefilled_prompt_tokens: None,
         }
     }
 
@@ -39,6 +45,13 @@ impl TierStats {
 
     pub fn with_prompt_lengths(self, prompt_lengths: PromptLengths) -> Self {
         Self { prompt_lengths, ..self }
+    }
+
+    pub fn with_prefilled_prompt_tokens(self, prefilled_prompt_tokens: Option<f64>) -> Self {
+        Self {
+            prefilled_prompt_tokens,
+            ..self
+        }
     }
 
     /// Requests per second a capacity of `capacity_rps` serves of this
@@ -98,6 +111,10 @@ struct Arrival {
 /// busy tier's memory holds more than that anyway.
 pub const MIN_LENGTH_SAMPLES: usize = 256;
 
+/// Fewest prefilled requests whose mean prompt stands for a tier's decode
+/// population (`TierStats::prefilled_prompt_tokens`).
+pub const MIN_PREFILLED_SAMPLES: usize = 64;
+
 /// Records arrivals and summarises them per tier. The rate is the larger of
 /// the rate over the last `horizon_s` (reacts to a burst within a window or
 /// two) and over the last `memory_s` (so a bursty tier that pauses for a few
@@ -116,6 +133,9 @@ pub struct ArrivalObserver {
     /// Per tier, the (prompt, output) lengths of its last
     /// `MIN_LENGTH_SAMPLES` arrivals.
     recent_lengths: Vec<VecDeque<(u32, u32)>>,
+    /// Per tier, (time, prompt length) of its prefilled requests: those in
+    /// the memory, and at least the last `MIN_LENGTH_SAMPLES`.
+    prefilled: Vec<VecDeque<(f64, u32)>>,
 }
 
 impl ArrivalObserver {
@@ -131,7 +151,30 @@ impl ArrivalObserver {
             prior,
             per_tier: vec![VecDeque::new(); num_tiers],
             recent_lengths: vec![VecDeque::new(); num_tiers],
+            prefilled: vec![VecDeque::new(); num_tiers],
         }
+    }
+
+    /// A request of `tier` finished its prefill at `time_s` and goes to
+    /// decode.
+    pub fn record_prefilled(&mut self, tier: TierId, time_s: f64, prompt_tokens: u32) {
+        self.prefilled[tier].push_back((time_s, prompt_tokens));
+    }
+
+    /// `prefilled_prompt_tokens` of each tier at `now_s`, over the same
+    /// span as the mean lengths (the memory, or the last
+    /// `MIN_LENGTH_SAMPLES` when it holds fewer); older ones are dropped.
+    fn prefilled_means(&mut self, now_s: f64) -> Vec<Option<f64>> {
+        let cutoff = now_s - self.memory_s;
+        self.prefilled
+            .iter_mut()
+            .map(|q| {
+                while q.len() > MIN_LENGTH_SAMPLES && q.front().is_some_and(|&(t, _)| t <= cutoff) {
+                    q.pop_front();
+                }
+                (q.len() >= MIN_PREFILLED_SAMPLES).then(|| (q.iter().map(|&(_, p)| f64::from(p)).sum::<f64>() / q.len() as f64).max(1.0))
+            })
+            .collect()
     }
 
     pub fn record(&mut self, tier: TierId, time_s: f64, prompt_tokens: u32, output_tokens: u32) {
@@ -151,10 +194,12 @@ impl ArrivalObserver {
     pub fn snapshot(&mut self, now_s: f64) -> Vec<TierStats> {
         let cutoff = now_s - self.memory_s;
         let (horizon, memory, window, prior) = (self.horizon_s, self.memory_s, self.window_s, self.prior);
+        let prefilled = self.prefilled_means(now_s);
         self.per_tier
             .iter_mut()
             .zip(&self.recent_lengths)
-            .map(|(q, lengths)| {
+            .zip(prefilled)
+            .map(|((q, lengths), prefilled_prompt_tokens)| {
                 while q.front().is_some_and(|a| a.time_s <= cutoff) {
                     q.pop_front();
                 }
@@ -173,6 +218,7 @@ impl ArrivalObserver {
                         mean_output_tokens,
                         rate_shape: prior.rate_shape,
                         prompt_lengths,
+                        prefilled_prompt_tokens,
                     };
                 }
                 let n = q.len() as f64;
@@ -183,6 +229,7 @@ impl ArrivalObserver {
                     mean_output_tokens,
                     rate_shape: RateShape::from_counts(&window_counts(q, now_s, window)),
                     prompt_lengths,
+                    prefilled_prompt_tokens,
                 }
             })
             .collect()
@@ -238,6 +285,28 @@ mod tests {
             PromptLengths::from_samples([100, 300, 200].into_iter()).unwrap()
         );
         assert_eq!(s[1], TierStats::new(0.0, 512.0, 128.0));
+    }
+
+    #[test]
+    fn prefilled_prompts_are_averaged_once_enough_were_seen() {
+        let mut o = ArrivalObserver::new(1, 2.0, 10.0, 1.0, TierStats::new(0.0, 512.0, 128.0));
+        for k in 0..(MIN_PREFILLED_SAMPLES as u32 - 1) {
+            o.record_prefilled(0, 0.0, 100 + k);
+        }
+        assert_eq!(o.snapshot(1.0)[0].prefilled_prompt_tokens, None, "too few to stand for the tier");
+        o.record_prefilled(0, 0.0, 100 + MIN_PREFILLED_SAMPLES as u32 - 1);
+        let mean = 100.0 + (MIN_PREFILLED_SAMPLES as f64 - 1.0) / 2.0;
+        assert_eq!(o.snapshot(1.0)[0].prefilled_prompt_tokens, Some(mean));
+        // Past the memory, the last MIN_LENGTH_SAMPLES still count; within
+        // it, all of them.
+        for k in 0..400 {
+            o.record_prefilled(0, 100.0 + f64::from(k) / 100.0, if k < 200 { 1000 } else { 3000 });
+        }
+        assert_eq!(o.snapshot(104.0)[0].prefilled_prompt_tokens, Some(2000.0));
+        assert_eq!(
+            o.snapshot(200.0)[0].prefilled_prompt_tokens,
+            Some((56.0 * 1000.0 + 200.0 * 3000.0) / 256.0)
+        );
     }
 
     #[test]

@@ -294,8 +294,14 @@ impl ControlLoop {
 
     /// The request's prompt is prefilled (its first token is out).
     pub fn first_token(&mut self, id: u64, now_s: f64) -> Result<Handoff, DispatchError> {
+        let prompt_tokens = self.dispatcher.prompt_charge(id);
         if !self.dispatcher.prefill_done(id)? {
             return Ok(Handoff::Stay);
+        }
+        // What decode groups hold (`TierStats::prefilled_prompt_tokens`).
+        if let (Some(tier), Some(tokens)) = (self.dispatcher.tier_of(id), prompt_tokens.filter(|&t| t > 0)) {
+            self.observer
+                .record_prefilled(tier, now_s, u32::try_from(tokens).unwrap_or(u32::MAX));
         }
         self.handoff(id, now_s, false)
     }
@@ -381,9 +387,16 @@ impl ControlLoop {
     /// for the hindsight oracle only, from `known_future`), commit by the
     /// planner's rule, and bring dispatch to the plan.
     pub fn window(&mut self, now_s: f64, known_future: Option<&[TierStats]>) -> Result<WindowOutcome, PlanError> {
+        let observed = self.observer.snapshot(now_s);
         let stats = match known_future {
-            Some(f) => f.to_vec(),
-            None => self.observer.snapshot(now_s),
+            // The future's arrivals, and what this run's prefill let
+            // through so far (the hindsight has no dispatch to observe).
+            Some(f) => f
+                .iter()
+                .zip(&observed)
+                .map(|(f, o)| f.with_prefilled_prompt_tokens(f.prefilled_prompt_tokens.or(o.prefilled_prompt_tokens)))
+                .collect(),
+            None => observed,
         };
         self.last_stats = stats.clone();
         let (Some(planner), Some(view)) = (self.planner.as_mut(), self.view.as_ref()) else {

@@ -62,6 +62,35 @@ fn over_budget_requests_are_shed_not_spilled() {
 }
 
 #[test]
+fn the_prompts_that_reach_decode_are_observed_for_the_decode_budgets() {
+    let mut c = control(4);
+    c.install(plan(vec![
+        group(0, Role::Prefill, 0, 1_000_000, 8),
+        group(0, Role::Decode, 1, 0, 1000),
+    ]));
+    // Long prompts arrive too, but only the short ones are prefilled.
+    for id in 0..200u64 {
+        let long = id % 2 == 1;
+        let _ = c.admit(id, 0, if long { 5000 } else { 500 }, 100, 0.0, &[]).unwrap();
+        if !long {
+            c.first_token(id, 0.1).unwrap();
+        }
+    }
+    let stats = c.window(1.0, None).unwrap().stats;
+    assert_eq!(stats[0].mean_prompt_tokens, 2750.0, "the arrivals");
+    assert_eq!(stats[0].prefilled_prompt_tokens, Some(500.0), "what decode holds");
+    assert_eq!(stats[1].prefilled_prompt_tokens, None, "nothing seen");
+    // The hindsight oracle plans for the future's arrivals and what this
+    // run's prefill let through.
+    let future = [TierStats::new(5.0, 3000.0, 100.0), TierStats::new(1.0, 100.0, 10.0)];
+    let stats = c.window(2.0, Some(&future)).unwrap().stats;
+    assert_eq!(
+        (stats[0].mean_prompt_tokens, stats[0].prefilled_prompt_tokens),
+        (3000.0, Some(500.0))
+    );
+}
+
+#[test]
 fn handoffs_wait_for_a_slot_then_are_granted_or_shed() {
     let mut c = control(4);
     let with_decode_cap = |cap| plan(vec![group(0, Role::Prefill, 0, 1000, 4), group(0, Role::Decode, 1, 0, cap)]);

@@ -198,3 +198,26 @@ fn without_a_ttft_every_prompt_is_served() {
     let e = estimate_tp(&profile(), &Tier::background_tier("bg", 1.0), &long_tailed(500, 2400), 1);
     assert_eq!((e.prefill.served_share, e.prefill.max_prompt_tokens), (1.0, 0));
 }
+
+#[test]
+fn decode_slots_follow_the_prompts_that_were_prefilled() {
+    // One decode step: 2 ms + 1 ms per request per 1,000 tokens of context.
+    let axes = Axes {
+        prefill_tokens: &[100.0, 10_000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let p = tabulate(&[1], &axes, |_, tokens, _| tokens * 0.01, |_, b, ctx| 2.0 + b * ctx / 1000.0, None);
+    let tier = Tier::slo_tier("chat", 1000.0, 20.0, 1.0);
+    // Step budget 19 ms (the hand-off keeps 5%): context 1,000 + 100/2.
+    let demand = estimate_tp(&p, &tier, &TierStats::new(10.0, 1000.0, 100.0), 1);
+    assert_eq!((demand.decode.batch_requests, demand.decode_held), (16, demand.decode));
+    // Only 450-token prompts got through prefill lately: the group's batch
+    // is sized for what it holds (context 500), its planned capacity for
+    // the tier's demand.
+    let held = TierStats::new(10.0, 1000.0, 100.0).with_prefilled_prompt_tokens(Some(450.0));
+    let e = estimate_tp(&p, &tier, &held, 1);
+    assert_eq!(e.decode, demand.decode);
+    assert_eq!(e.decode_held.batch_requests, 34);
+}

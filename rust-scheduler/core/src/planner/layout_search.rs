@@ -172,6 +172,7 @@ mod tests {
                     tp,
                     prefill: stage(p),
                     decode: stage(d),
+                    decode_held: stage(d),
                     colocated: stage(c),
                 })
                 .collect(),

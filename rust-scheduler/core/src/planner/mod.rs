@@ -484,7 +484,7 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
                 let batches = tier.ttft_ms.map_or(2.0, |ttft| (ttft / stage.batch_ms).floor().max(2.0));
                 (f64::from(stage.batch_tokens) * batches) as u64
             }
-            Role::Decode => u64::from(stage.batch_requests),
+            Role::Decode => u64::from(e.decode_held.batch_requests),
             // Prompt tokens the chunked prefill can absorb before the newest
             // request's TTFT runs out (two batches for background tiers).
             Role::Colocated => {
@@ -498,6 +498,8 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
         // prompts shorter than the mean share a batch of the same tokens.
         let (most_prompts, _) = profile.throughput_caps(e.tp).expect("planned TP levels come from the profile");
         (stage.batch_requests.max(most_prompts), stage.batch_tokens)
+    } else if stage.feasible() && role == Role::Decode {
+        (e.decode_held.batch_requests.max(1), 0)
     } else if stage.feasible() {
         (stage.batch_requests.max(1), stage.batch_tokens)
     } else {

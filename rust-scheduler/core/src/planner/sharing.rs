@@ -89,12 +89,21 @@ fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
         .iter()
         .map(|&m| (estimates[m].stats.arrival_rate, estimates[m].stats.prompt_lengths))
         .collect();
+    // The members whose prefilled prompts were seen, weighted by rate.
+    let (seen_rate, seen_tokens) = members
+        .iter()
+        .filter_map(|&m| {
+            let s = &estimates[m].stats;
+            s.prefilled_prompt_tokens.map(|p| (s.arrival_rate, s.arrival_rate * p))
+        })
+        .fold((0.0, 0.0), |(r, p), (dr, dp)| (r + dr, p + dp));
     TierStats {
         arrival_rate: rate,
         mean_prompt_tokens: mean(|s| s.mean_prompt_tokens),
         mean_output_tokens: mean(|s| s.mean_output_tokens),
         rate_shape: RateShape::pooled(&shapes),
         prompt_lengths: PromptLengths::mixture(&lengths).unwrap_or(host.prompt_lengths),
+        prefilled_prompt_tokens: (seen_rate > 0.0).then(|| seen_tokens / seen_rate),
     }
 }
 

@@ -361,3 +361,18 @@ fn a_prefill_group_queues_as_many_batches_as_fit_in_the_ttft() {
     // No TTFT: one running, one queued.
     assert_eq!(budget(Tier::background_tier("batch", 1.0)), 2_000);
 }
+
+#[test]
+fn a_decode_group_is_planned_for_the_demand_and_budgeted_for_what_it_holds() {
+    let profile = synthetic::llama8b_like();
+    let tier = Tier::slo_tier("chat", 1000.0, 30.0, 1.0);
+    let stats = TierStats::new(10.0, 4000.0, 200.0).with_prefilled_prompt_tokens(Some(1000.0));
+    let e = crate::estimator::estimate_tp(&profile, &tier, &stats, 2);
+    assert!(e.decode_held.batch_requests > e.decode.batch_requests, "{e:?}");
+    let g = group_plan(&profile, &tier, &e, 0, Role::Decode, 0);
+    assert_eq!(g.capacity_rps, e.decode.throughput_rps);
+    assert_eq!(
+        (g.slo_budget, g.batch_cap),
+        (u64::from(e.decode_held.batch_requests), e.decode_held.batch_requests)
+    );
+}
