@@ -257,6 +257,26 @@ impl Allocator {
         Some(self.first[node] + local)
     }
 
+    /// `allocate`, on `node` only.
+    pub fn allocate_on(&mut self, node: usize, tp: u32) -> Option<u32> {
+        if tp == 0 || !tp.is_power_of_two() || node >= self.sizes.len() {
+            return None;
+        }
+        let level = tp.trailing_zeros() as usize;
+        let (_, local) = node_kind(self.sizes[node], self.free[node]).best.get(level).copied().flatten()?;
+        self.set_free(node, self.free[node] & !block_mask(local, tp));
+        Some(self.first[node] + local)
+    }
+
+    pub fn num_nodes(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// The node of an aligned group's first GPU.
+    pub fn node_of(&self, first: u32) -> Option<usize> {
+        self.first.partition_point(|&f| f <= first).checked_sub(1)
+    }
+
     /// (node, local mask) of an aligned group inside this allocator's nodes.
     fn locate(&self, first: u32, tp: u32) -> Option<(usize, u8)> {
         if tp == 0 || !tp.is_power_of_two() || tp > MAX_GPUS_PER_NODE {

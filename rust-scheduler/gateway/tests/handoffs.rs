@@ -87,29 +87,31 @@ async fn a_move_goes_to_the_agent_holding_the_request_naming_the_cores_group_in_
     let agents = [Arc::new(Recorder::default()), Arc::new(Recorder::default())];
     let workers: Vec<Arc<dyn WorkerClient>> = agents.iter().map(|a| a.clone() as Arc<dyn WorkerClient>).collect();
     let (control, _clock) = control(workers, &[2, 2]);
-    // Two nodes of two GPUs: a TP2 prefill group on the first, a decode and
-    // a prefill group on the second.
-    assert_eq!(groups(&control, "decode"), vec![(2, 1)]);
-    assert_eq!(groups(&control, "prefill"), vec![(0, 2), (3, 1)]);
+    // Two nodes of two GPUs: a prefill and a decode group on each, one pair
+    // per tier (a prefill group goes only beside a decode group of its
+    // tier: a prefilled request's KV cannot leave its node).
+    assert_eq!(groups(&control, "decode"), vec![(1, 1), (3, 1)]);
+    assert_eq!(groups(&control, "prefill"), vec![(0, 1), (2, 1)]);
 
     // Prefilled on the second node: moved to its decode group, which is
-    // that agent's device 0.
-    let p = control.place(1, CHAT, 64, 8, &[(0, 2)], true).unwrap();
-    assert_eq!((p.worker, p.key), (1, (3, 1)));
+    // that agent's device 1.
+    let p = control.place(1, AGENT, 64, 8, &[], true).unwrap();
+    assert_eq!((p.worker, p.key), (1, (2, 1)));
     let decided = control.first_token(1).unwrap().handoff;
     let Handoff::Move(d) = decided else {
         panic!("the core did not move it: {decided:?}")
     };
-    assert_eq!(d.key(), (2, 1));
-    assert_eq!(*agents[1].hand_offs.lock().unwrap(), vec![(1, (0, 1))]);
+    assert_eq!(d.key(), (3, 1));
+    assert_eq!(*agents[1].hand_offs.lock().unwrap(), vec![(1, (1, 1))]);
 
-    // Prefilled on the first node: its tier's only decode group is on the
-    // other node, where its KV cannot go; the core keeps it where it is and
-    // nothing is sent.
-    let p = control.place(2, CHAT, 64, 8, &[(3, 1)], true).unwrap();
-    assert_eq!(p.key, (0, 2));
-    assert_eq!(control.first_token(2).unwrap().handoff, Handoff::Stay);
-    assert_eq!(agents[0].hand_offs.lock().unwrap().len(), 0);
+    // Prefilled on the first node: moved on that node, by its own agent.
+    let p = control.place(2, CHAT, 64, 8, &[], true).unwrap();
+    assert_eq!((p.worker, p.key), (0, (0, 1)));
+    let Handoff::Move(d) = control.first_token(2).unwrap().handoff else {
+        panic!("the core did not move it")
+    };
+    assert_eq!(d.key(), (1, 1));
+    assert_eq!(*agents[0].hand_offs.lock().unwrap(), vec![(2, (1, 1))]);
     assert_eq!(agents[1].hand_offs.lock().unwrap().len(), 1);
     assert!(agents.iter().all(|a| a.cancels.lock().unwrap().is_empty()));
 }
@@ -119,26 +121,33 @@ async fn a_prompt_no_group_can_prefill_within_the_ttft_is_shed_at_the_door() {
     let agents = [Arc::new(Recorder::default()), Arc::new(Recorder::default())];
     let workers: Vec<Arc<dyn WorkerClient>> = agents.iter().map(|a| a.clone() as Arc<dyn WorkerClient>).collect();
     let (control, _clock) = control(workers, &[2, 2]);
-    let caps: Vec<u64> = control.plan_json()["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|g| g["role"] == "prefill")
-        .map(|g| g["max_prompt_tokens"].as_u64().unwrap())
-        .collect();
-    assert!(!caps.is_empty() && caps.iter().all(|&c| c > 64), "{caps:?}");
-    let longest = *caps.iter().max().unwrap() as u32;
-    // The longest prompt some group prefills in time is placed; one token
-    // more is shed with 503 `overloaded`, for either tier (agent is hosted
-    // on chat's groups), and nothing reaches an agent.
-    assert!(control.place(1, CHAT, longest, 8, &[], true).is_ok());
-    let shed_before = control.metrics.tiers[CHAT].shed.load(Ordering::Relaxed);
-    for (id, tier) in [(2, CHAT), (3, AGENT)] {
-        let err = control.place(id, tier, longest + 1, 8, &[], true).unwrap_err();
+    // The longest prompt a tier's own prefill group takes in time.
+    let cap_of = |tier: &str| -> u32 {
+        control.plan_json()["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|g| g["role"] == "prefill" && g["tier"] == tier)
+            .map(|g| g["max_prompt_tokens"].as_u64().unwrap() as u32)
+            .max()
+            .unwrap()
+    };
+    let (chat_cap, agent_cap) = (cap_of("chat"), cap_of("agent"));
+    assert!(chat_cap > 64 && agent_cap > chat_cap, "{chat_cap} {agent_cap}");
+    // It is placed; one token more is shed with 503 `overloaded`: chat
+    // cannot use the agent's groups (a looser tier lends to no one), and the
+    // agent's prompt is longer than chat's groups take as well. Nothing
+    // reaches an agent.
+    let shed_before = [CHAT, AGENT].map(|t| control.metrics.tiers[t].shed.load(Ordering::Relaxed));
+    for (id, tier, cap) in [(1, CHAT, chat_cap), (3, AGENT, agent_cap)] {
+        let placed = control.place(id, tier, cap, 8, &[], true);
+        assert!(placed.is_ok(), "{:?}", placed.err());
+        let err = control.place(id + 1, tier, cap + 1, 8, &[], true).unwrap_err();
         assert!(matches!(err, ApiError::Overloaded { .. }), "{err:?}");
         assert!(err.to_string().contains("prompt_too_long"), "{err}");
     }
-    assert_eq!(control.metrics.tiers[CHAT].shed.load(Ordering::Relaxed), shed_before + 1);
+    let shed_after = [CHAT, AGENT].map(|t| control.metrics.tiers[t].shed.load(Ordering::Relaxed));
+    assert_eq!(shed_after, [shed_before[0] + 1, shed_before[1] + 1]);
 }
 
 /// One mock agent with two devices (prefill on 0, decode on 1) behind the

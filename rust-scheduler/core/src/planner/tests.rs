@@ -376,3 +376,28 @@ fn a_decode_group_is_planned_for_the_demand_and_budgeted_for_what_it_holds() {
         (u64::from(e.decode_held.batch_requests), e.decode_held.batch_requests)
     );
 }
+
+#[test]
+fn a_prefill_group_is_placed_on_a_node_with_a_decode_group_of_its_tier() {
+    // Two nodes of 8 GPUs; a prompt prefilled on one node cannot move its
+    // KV to the other, so a prefill group with its tier's decode groups
+    // only on the other node would decode its prompts itself.
+    let tiers = vec![Tier::slo_tier("chat", 200.0, 10.0, 1.0), Tier::slo_tier("agent", 200.0, 15.0, 1.0)];
+    for rate in [5.0, 10.0, 20.0, 40.0, 80.0] {
+        let mut p = planner(tiers.clone(), 16);
+        let out = p
+            .step(&[TierStats::new(rate * 0.7, 1000.0, 200.0), TierStats::new(rate * 0.3, 2000.0, 100.0)])
+            .unwrap();
+        let node = |g: &GroupPlan| g.first_gpu / 8;
+        for g in out.plan.groups.iter().filter(|g| g.role == Role::Prefill) {
+            assert!(
+                out.plan
+                    .groups
+                    .iter()
+                    .any(|d| d.role == Role::Decode && d.tier == g.tier && node(d) == node(g)),
+                "at {rate} req/s: {g:?} has no decode group of its tier on its node: {:?}",
+                out.plan.groups
+            );
+        }
+    }
+}
