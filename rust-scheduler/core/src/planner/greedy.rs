@@ -287,34 +287,27 @@ impl<'a> State<'a> {
 
     /// The parts together on the first of `nodes` with room for all.
     fn place_on_one_node(&mut self, tier: usize, parts: &[(Role, usize)], nodes: &[usize]) -> Option<Vec<Chosen>> {
-        for &node in nodes {
-            let mut placed = Vec::with_capacity(parts.len());
-            for &(role, i) in parts {
-                match self.alloc.allocate_on(node, self.input.tp_levels[i]) {
-                    Some(first) => placed.push(Chosen {
-                        tier,
-                        role,
-                        tp_index: i,
-                        first_gpu: first,
-                    }),
-                    None => break,
-                }
-            }
-            if placed.len() == parts.len() {
-                return Some(placed);
-            }
-            for c in &placed {
-                self.alloc.release(c.first_gpu, self.input.tp_levels[c.tp_index]);
-            }
-        }
-        None
+        nodes
+            .iter()
+            .find_map(|&node| self.place_with(tier, parts, |a, tp| a.allocate_on(node, tp)))
     }
 
     /// The parts wherever the allocator fits them best.
     fn place_anywhere(&mut self, tier: usize, parts: &[(Role, usize)]) -> Option<Vec<Chosen>> {
+        self.place_with(tier, parts, Allocator::allocate)
+    }
+
+    /// Every part at the GPUs `pick` takes, or none (what it took is given
+    /// back).
+    fn place_with(
+        &mut self,
+        tier: usize,
+        parts: &[(Role, usize)],
+        pick: impl Fn(&mut Allocator, u32) -> Option<u32>,
+    ) -> Option<Vec<Chosen>> {
         let mut placed = Vec::with_capacity(parts.len());
         for &(role, i) in parts {
-            match self.alloc.allocate(self.input.tp_levels[i]) {
+            match pick(&mut self.alloc, self.input.tp_levels[i]) {
                 Some(first) => placed.push(Chosen {
                     tier,
                     role,
