@@ -279,7 +279,7 @@ mod tests {
             ("hot", r#"{"temperature": 2.5}"#, "temperature"),
             ("neg", r#"{"temperature": -0.1}"#, "temperature"),
             ("str", r#"{"temperature": "0.2"}"#, "temperature"),
-            ("top_p", r#"{"top_p": 1.5}"#, "top_p"),
+            ("top_p_high", r#"{"top_p": 1.5}"#, "top_p"),
             ("sample", r#"{"do_sample": "yes"}"#, "do_sample"),
         ] {
             let e = load(name, text).unwrap_err();
