@@ -36,6 +36,13 @@ impl TierStats {
         self.inner.mean_output_tokens
     }
 
+    /// Mean output of the requests a decode batch holds, E[o²]/E[o] (long
+    /// outputs stay longer); `mean_output_tokens` when all are alike.
+    #[getter]
+    fn resident_output_tokens(&self) -> f64 {
+        self.inner.resident_output_tokens
+    }
+
     /// Mean prompt of the tier's recently prefilled requests (what its
     /// decode groups hold); None until enough were seen.
     #[getter]

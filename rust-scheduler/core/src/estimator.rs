@@ -13,9 +13,11 @@
 //! - prefill: the largest batch of n prompts (n·L_in tokens) whose batch time
 //!   T_p satisfies 2·T_p ≤ TTFT (one batch of queueing plus its own run)
 //!   gives X_p = n / T_p;
-//! - decode: the largest batch B whose step time T_d(B, ctx = L_in + L_out/2)
+//! - decode: the largest batch B whose step time T_d(B, ctx = L_in + R/2)
 //!   is ≤ TPOT less the hand-off's share (`HANDOFF_WAIT_SHARE`), and whose
-//!   KV fits, gives X_d = B / (L_out · T_d); L_in here is the mean of the
+//!   KV fits, gives X_d = B / (L_out · T_d), with R the mean output of the
+//!   requests a batch holds (E[o²]/E[o], `TierStats::resident_output_tokens`:
+//!   long outputs stay longer); L_in here is the mean of the
 //!   largest subset any TP level's prefill serves (decode never sees the
 //!   prompts shed at dispatch). That is what the planner counts on; a
 //!   decode group's batch and slots (`decode_held`) take the same rule
@@ -189,7 +191,6 @@ impl TierEstimate {
 /// is sized for the prompts the prefill-capable stages serve).
 pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32]) -> TierEstimate {
     let l_in = stats.mean_prompt_tokens.max(1.0);
-    let l_out = stats.mean_output_tokens.max(1.0);
     let prefilling: Vec<(u32, StageEstimate, StageEstimate)> = tp_levels
         .iter()
         .map(|&tp| {
@@ -201,7 +202,7 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
             (
                 tp,
                 prefill(profile, tp, tier.ttft_ms, &prompts),
-                colocated(profile, tp, tier.ttft_ms, tier.tpot_ms, &prompts, l_out),
+                colocated(profile, tp, tier.ttft_ms, tier.tpot_ms, &prompts, &stats),
             )
         })
         .collect();
@@ -215,21 +216,17 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
             .filter(|s| s.feasible())
             .map(|s| s.served_share),
     );
-    let decode_prompt = stats
-        .prompt_lengths
-        .subsets(l_in)
-        .find(|s| s.share <= share + 1e-12)
-        .map_or(l_in, |s| s.mean_tokens);
+    let decode_prompt = subset_mean(&stats, share);
     let per_tp = prefilling
         .into_iter()
         .map(|(tp, prefill, colocated)| {
-            let decode = decode(profile, tp, tier.tpot_ms, decode_prompt, l_out);
+            let decode = decode(profile, tp, tier.tpot_ms, &stats, decode_prompt);
             // What they hold is what was prefilled: under overload, the
             // short prompts that got through.
             let decode_held = stats
                 .prefilled_prompt_tokens
                 .filter(|_| decode.feasible())
-                .map(|held| self::decode(profile, tp, tier.tpot_ms, held, l_out))
+                .map(|held| self::decode(profile, tp, tier.tpot_ms, &stats, held))
                 .filter(StageEstimate::feasible)
                 .unwrap_or(decode);
             TpEstimate {
@@ -246,6 +243,26 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
         stats,
         per_tp,
     }
+}
+
+/// The mean prompt of the largest subset of the tier's prompts within
+/// `share` of them (the whole set's mean at 1).
+fn subset_mean(stats: &TierStats, share: f64) -> f64 {
+    let l_in = stats.mean_prompt_tokens.max(1.0);
+    stats
+        .prompt_lengths
+        .subsets(l_in)
+        .find(|s| s.share <= share + 1e-12)
+        .map_or(l_in, |s| s.mean_tokens)
+}
+
+/// Decode at `tp` for the prompts a plan serves: the largest subset within
+/// `share` (the plan's served share for the tier) sets the context. The
+/// estimate's own decode is sized for the largest subset any TP level
+/// serves, which a plan whose prefill groups cap shorter prompts never
+/// sends to decode.
+pub fn decode_within_share(profile: &Profile, tier: &Tier, stats: &TierStats, tp: u32, share: f64) -> StageEstimate {
+    decode(profile, tp, tier.tpot_ms, stats, subset_mean(stats, share))
 }
 
 /// Estimates every (tier, TP level): the candidate enumeration of the
@@ -365,9 +382,11 @@ fn decode_batch_limit(profile: &Profile, tp: u32, l_in: f64, l_out: f64) -> u32 
     axis_max.min(kv_max).floor().max(0.0) as u32
 }
 
-fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, l_in: f64, l_out: f64) -> StageEstimate {
+/// Decode for the tier's outputs (`stats`) after prompts of mean `l_in`.
+fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, stats: &TierStats, l_in: f64) -> StageEstimate {
+    let l_out = stats.mean_output_tokens.max(1.0);
     let b_max = decode_batch_limit(profile, tp, l_in, l_out);
-    let ctx = l_in + l_out / 2.0;
+    let ctx = stats.decode_context_tokens(l_in);
     let time = |b: u32| profile.decode_ms(tp, f64::from(b), ctx);
     // The hand-off may hold a request up to its share of the TPOT budget;
     // the steps get the rest.
@@ -392,10 +411,17 @@ fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, l_in: f64, l_out: f6
 /// (as `prefill`) for which it meets both SLOs. A smaller subset has
 /// shorter prompts, so feasibility only grows as subsets shrink: a binary
 /// search finds the largest feasible one.
-fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, prompts: &Prompts, l_out: f64) -> StageEstimate {
+fn colocated(
+    profile: &Profile,
+    tp: u32,
+    ttft_ms: Option<f64>,
+    tpot_ms: Option<f64>,
+    prompts: &Prompts,
+    stats: &TierStats,
+) -> StageEstimate {
     let subsets: Vec<Subset> = prompts.candidates().collect();
     let at = |i: usize| {
-        let e = colocated_for(profile, tp, ttft_ms, tpot_ms, subsets[i].mean_tokens, l_out);
+        let e = colocated_for(profile, tp, ttft_ms, tpot_ms, stats, subsets[i].mean_tokens);
         StageEstimate {
             served_share: subsets[i].share,
             max_prompt_tokens: prompts.cap(),
@@ -427,11 +453,12 @@ fn colocated(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f
     best
 }
 
-fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, l_in: f64, l_out: f64) -> StageEstimate {
+fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, stats: &TierStats, l_in: f64) -> StageEstimate {
+    let l_out = stats.mean_output_tokens.max(1.0);
     let b_max = decode_batch_limit(profile, tp, l_in, l_out);
     let table = profile.table(tp).expect("estimated TP levels come from the profile");
     let max_chunk = *table.prefill.x().last().expect("validated axis");
-    let ctx = l_in + l_out / 2.0;
+    let ctx = stats.decode_context_tokens(l_in);
     let mut best = StageEstimate::default();
     for b in geometric(b_max) {
         let chunk = (f64::from(b) * l_in / l_out).ceil().min(max_chunk).max(1.0);

@@ -14,6 +14,12 @@ pub struct TierStats {
     pub arrival_rate: f64,
     pub mean_prompt_tokens: f64,
     pub mean_output_tokens: f64,
+    /// Mean output length of the requests a decode batch holds at a random
+    /// step, E[o²]/E[o]: a request stays one step per output token, so the
+    /// long outputs are over-represented (`mean_output_tokens` when all are
+    /// alike). With outputs of CV 1 it is twice the mean, and a batch sized
+    /// for the mean's context ran its steps past the TPOT.
+    pub resident_output_tokens: f64,
     /// How the rate varies across control windows (steady unless observed).
     pub rate_shape: RateShape,
     /// How prompt lengths spread around the mean (all at the mean unless
@@ -33,6 +39,7 @@ impl TierStats {
             arrival_rate,
             mean_prompt_tokens,
             mean_output_tokens,
+            resident_output_tokens: mean_output_tokens,
             rate_shape: RateShape::steady(),
             prompt_lengths: PromptLengths::all(mean_prompt_tokens),
             prefilled_prompt_tokens: None,
@@ -45,6 +52,19 @@ impl TierStats {
 
     pub fn with_prompt_lengths(self, prompt_lengths: PromptLengths) -> Self {
         Self { prompt_lengths, ..self }
+    }
+
+    pub fn with_resident_output_tokens(self, resident_output_tokens: f64) -> Self {
+        Self {
+            resident_output_tokens,
+            ..self
+        }
+    }
+
+    /// Mean context (prompt plus tokens generated so far) of a decode
+    /// batch's requests, for prompts of `prompt_tokens`.
+    pub fn decode_context_tokens(&self, prompt_tokens: f64) -> f64 {
+        prompt_tokens + self.resident_output_tokens / 2.0
     }
 
     pub fn with_prefilled_prompt_tokens(self, prefilled_prompt_tokens: Option<f64>) -> Self {
@@ -208,14 +228,15 @@ impl ArrivalObserver {
                 } else {
                     lengths.iter().copied().collect()
                 };
-                let (mean_prompt_tokens, mean_output_tokens) =
-                    mean_lengths(&sample).unwrap_or((prior.mean_prompt_tokens, prior.mean_output_tokens));
+                let (mean_prompt_tokens, mean_output_tokens, resident_output_tokens) =
+                    mean_lengths(&sample).unwrap_or((prior.mean_prompt_tokens, prior.mean_output_tokens, prior.resident_output_tokens));
                 let prompt_lengths = PromptLengths::from_samples(sample.iter().map(|&(p, _)| p)).unwrap_or(prior.prompt_lengths);
                 if q.is_empty() {
                     return TierStats {
                         arrival_rate: 0.0,
                         mean_prompt_tokens,
                         mean_output_tokens,
+                        resident_output_tokens,
                         rate_shape: prior.rate_shape,
                         prompt_lengths,
                         prefilled_prompt_tokens,
@@ -227,6 +248,7 @@ impl ArrivalObserver {
                     arrival_rate: (recent / horizon).max(n / memory),
                     mean_prompt_tokens,
                     mean_output_tokens,
+                    resident_output_tokens,
                     rate_shape: RateShape::from_counts(&window_counts(q, now_s, window)),
                     prompt_lengths,
                     prefilled_prompt_tokens,
@@ -236,15 +258,21 @@ impl ArrivalObserver {
     }
 }
 
-/// Mean (prompt, output) lengths, each at least 1; None when empty.
-fn mean_lengths(lengths: &[(u32, u32)]) -> Option<(f64, f64)> {
-    let (mut n, mut prompt, mut output) = (0.0, 0.0, 0.0);
+/// Mean (prompt, output) lengths, each at least 1, and the resident output
+/// E[o²]/E[o] (`TierStats::resident_output_tokens`); None when empty.
+fn mean_lengths(lengths: &[(u32, u32)]) -> Option<(f64, f64, f64)> {
+    let (mut n, mut prompt, mut output, mut output_sq) = (0.0, 0.0, 0.0, 0.0);
     for &(p, o) in lengths {
         n += 1.0;
         prompt += f64::from(p);
         output += f64::from(o);
+        output_sq += f64::from(o) * f64::from(o);
     }
-    (n > 0.0).then(|| ((prompt / n).max(1.0), (output / n).max(1.0)))
+    (n > 0.0).then(|| {
+        let mean_output = (output / n).max(1.0);
+        let resident = if output > 0.0 { output_sq / output } else { mean_output };
+        ((prompt / n).max(1.0), mean_output, resident.max(mean_output))
+    })
 }
 
 /// Arrivals per full window, from the window of the oldest arrival in `q`
@@ -307,6 +335,21 @@ mod tests {
             o.snapshot(200.0)[0].prefilled_prompt_tokens,
             Some((56.0 * 1000.0 + 200.0 * 3000.0) / 256.0)
         );
+    }
+
+    #[test]
+    fn a_decode_batch_holds_the_long_outputs_longer() {
+        let mut o = ArrivalObserver::new(1, 2.0, 10.0, 1.0, TierStats::new(0.0, 512.0, 128.0));
+        assert_eq!(o.snapshot(0.0)[0].resident_output_tokens, 128.0, "the prior's, all alike");
+        // Half the outputs 100 tokens, half 900: mean 500, but a batch at a
+        // random step holds a 900-token one nine times as often.
+        for k in 0..100 {
+            o.record(0, 1.0, 10, if k % 2 == 0 { 100 } else { 900 });
+        }
+        let s = o.snapshot(1.0)[0];
+        assert_eq!(s.mean_output_tokens, 500.0);
+        assert_eq!(s.resident_output_tokens, (100.0 * 100.0 + 900.0 * 900.0) / 1000.0);
+        assert_eq!(s.decode_context_tokens(10.0), 10.0 + 820.0 / 2.0);
     }
 
     #[test]

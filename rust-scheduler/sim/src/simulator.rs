@@ -232,19 +232,20 @@ fn check_trace(tiers: &TierSet, reqs: &[TraceRequest]) -> Result<(), SimError> {
 }
 
 fn stats_of(num_tiers: usize, reqs: &[TraceRequest], span_s: f64, fallback: &[TierStats]) -> Vec<TierStats> {
-    let mut acc = vec![(0usize, 0.0f64, 0.0f64); num_tiers];
+    let mut acc = vec![(0usize, 0.0f64, 0.0f64, 0.0f64); num_tiers];
     let mut prompts: Vec<Vec<u32>> = vec![Vec::new(); num_tiers];
     for r in reqs {
         let a = &mut acc[r.tier];
         a.0 += 1;
         a.1 += f64::from(r.prompt_tokens);
         a.2 += f64::from(r.output_tokens);
+        a.3 += f64::from(r.output_tokens) * f64::from(r.output_tokens);
         prompts[r.tier].push(r.prompt_tokens);
     }
     acc.iter()
         .zip(prompts)
         .enumerate()
-        .map(|(t, (&(n, p, o), prompts))| {
+        .map(|(t, (&(n, p, o, o_sq), prompts))| {
             if n == 0 {
                 TierStats {
                     arrival_rate: 0.0,
@@ -252,7 +253,9 @@ fn stats_of(num_tiers: usize, reqs: &[TraceRequest], span_s: f64, fallback: &[Ti
                 }
             } else {
                 let n_f = n as f64;
-                let stats = TierStats::new(n_f / span_s, p / n_f, o / n_f);
+                let mean_output = o / n_f;
+                let resident = if o > 0.0 { o_sq / o } else { mean_output };
+                let stats = TierStats::new(n_f / span_s, p / n_f, mean_output).with_resident_output_tokens(resident.max(mean_output));
                 match PromptLengths::from_samples(prompts.into_iter()) {
                     Some(lengths) => stats.with_prompt_lengths(lengths),
                     None => stats,

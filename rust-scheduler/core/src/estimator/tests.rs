@@ -221,3 +221,27 @@ fn decode_slots_follow_the_prompts_that_were_prefilled() {
     assert_eq!(e.decode, demand.decode);
     assert_eq!(e.decode_held.batch_requests, 34);
 }
+
+#[test]
+fn decode_batches_are_sized_for_the_outputs_they_hold() {
+    // A step costs 5 ms + 0.01 ms per request per token of context. Mean
+    // output 200 after 1000-token prompts: the mean context is 1100 when
+    // every output is 200 tokens (B = 9: 5 + 9 x 11 = 104 ms fits 105 ms
+    // less the hand-off's share); with outputs of 20 and 380 tokens the
+    // batch holds the 380-token ones 19 times as often (resident 362, mean
+    // context 1181, B = 8).
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let p = tabulate(&[1], &axes, |_, tokens, _| tokens * 0.2, |_, b, ctx| 5.0 + 0.01 * b * ctx, None);
+    let tier = Tier::slo_tier("chat", 3000.0, 105.0 / (1.0 - HANDOFF_WAIT_SHARE), 1.0);
+    let alike = TierStats::new(1.0, 1000.0, 200.0);
+    let spread = alike.with_resident_output_tokens((20.0 * 20.0 + 380.0 * 380.0) / 400.0);
+    assert_eq!(estimate_tp(&p, &tier, &alike, 1).decode.batch_requests, 9);
+    let e = estimate_tp(&p, &tier, &spread, 1);
+    assert_eq!(e.decode.batch_requests, 8);
+    assert!(close(e.decode.throughput_rps, 8.0 / (200.0 * (5.0 + 0.08 * 1181.0) / 1e3)), "{e:?}");
+}

@@ -68,7 +68,7 @@ pub fn switch_loss(i: &CommitInput) -> f64 {
         let s = &i.estimates[g.tier].stats;
         let live_tokens = match g.role {
             Role::Prefill => f64::from(g.token_cap),
-            Role::Decode | Role::Colocated => f64::from(g.batch_cap) * (s.mean_prompt_tokens + s.mean_output_tokens / 2.0),
+            Role::Decode | Role::Colocated => f64::from(g.batch_cap) * s.decode_context_tokens(s.mean_prompt_tokens),
         };
         let stop_s = i.switch_cost.switch_ms(live_tokens * i.kv_bytes_per_token) / 1e3;
         loss += i.tiers[g.tier].weight * g.capacity_rps * stop_s;

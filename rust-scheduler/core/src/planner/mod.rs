@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::estimator::{estimate_all, TierEstimate, TpEstimate};
+use crate::estimator::{self, estimate_all, TierEstimate, TpEstimate};
 use crate::plan::{GpuCommand, GroupPlan, Plan, Role};
 use crate::profile::Profile;
 use crate::stats::TierStats;
@@ -416,14 +416,48 @@ impl Planner {
             })
             .collect();
         out.sort_by_key(|g| g.first_gpu);
-        let mut tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
         let mut tier_served_share = diff::tier_served_shares(tiers.len(), &out);
+        self.size_decode_for_served_prompts(&mut out, estimates, &sharing, &tier_served_share);
+        let mut tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
         sharing::credit_members(&mut tier_capacity_rps, &mut tier_served_share, estimates, &sharing);
         Plan {
             num_gpus: self.cluster.num_gpus(),
             groups: out,
             tier_capacity_rps,
             tier_served_share,
+        }
+    }
+
+    /// Decode groups counted for the prompts the plan's prefill-capable
+    /// groups serve (`shares`, per tier): where they cap shorter prompts
+    /// than the tier's best TP level would, decode holds shorter contexts
+    /// and runs larger batches than the estimate's decode, which is sized
+    /// for that level's subset. Without this a layout whose prefill serves
+    /// fewer prompts was charged for decode contexts it never sees, and
+    /// lost to layouts whose estimate was not (long prompts, 14B on 8 H100:
+    /// a TP4 pool counted at 6.3 req/s of decode against 9.9).
+    fn size_decode_for_served_prompts(&self, groups: &mut [GroupPlan], estimates: &[TierEstimate], sharing: &Sharing, shares: &[f64]) {
+        let tiers = self.tiers.tiers();
+        let mut memo: Vec<(usize, u32, f64)> = Vec::new();
+        for g in groups.iter_mut().filter(|g| g.role == Role::Decode && g.slo_budget > 0) {
+            let share = shares[g.tier];
+            let stats = match sharing {
+                Sharing::Pooled { host, load, .. } if *host == g.tier => &**load,
+                _ => &estimates[g.tier].stats,
+            };
+            if share >= 1.0 {
+                continue;
+            }
+            let capacity = match memo.iter().find(|(t, tp, _)| *t == g.tier && *tp == g.tp) {
+                Some(&(_, _, c)) => c,
+                None => {
+                    let c = estimator::decode_within_share(&self.profile, &tiers[g.tier], stats, g.tp, share).throughput_rps
+                        * self.config.target_utilization;
+                    memo.push((g.tier, g.tp, c));
+                    c
+                }
+            };
+            g.capacity_rps = g.capacity_rps.max(capacity);
         }
     }
 }

@@ -101,6 +101,9 @@ fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
         arrival_rate: rate,
         mean_prompt_tokens: mean(|s| s.mean_prompt_tokens),
         mean_output_tokens: mean(|s| s.mean_output_tokens),
+        // E[o²]/E[o] of the mixture: the members' E[o²] weighted by rate,
+        // over their E[o] weighted by rate.
+        resident_output_tokens: mean(|s| s.mean_output_tokens * s.resident_output_tokens) / mean(|s| s.mean_output_tokens).max(1.0),
         rate_shape: RateShape::pooled(&shapes),
         prompt_lengths: PromptLengths::mixture(&lengths).unwrap_or(host.prompt_lengths),
         prefilled_prompt_tokens: (seen_rate > 0.0).then(|| seen_tokens / seen_rate),

@@ -401,3 +401,42 @@ fn a_prefill_group_is_placed_on_a_node_with_a_decode_group_of_its_tier() {
         }
     }
 }
+
+#[test]
+fn decode_is_counted_for_the_prompts_the_plans_prefill_serves() {
+    // TTFT 300 ms: TP1 prefills up to 1500 tokens in time, TP2 2500; a
+    // decode step grows with the context, so the 567-token three quarters
+    // that a TP1 prefill group serves decode in larger batches than the
+    // whole set (mean 1000) a TP2 one serves.
+    let axes = Axes {
+        prefill_tokens: &[100.0, 1000.0],
+        prefill_sizes: &[1.0, 10.0],
+        decode_sizes: &[1.0, 64.0],
+        decode_contexts: &[100.0, 10_000.0],
+    };
+    let profile = tabulate(
+        &[1, 2],
+        &axes,
+        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
+        |tp, b, ctx| if tp == 1 { 10.0 + b * ctx / 1000.0 } else { 6.0 + b * ctx / 2000.0 },
+        None,
+    );
+    let tier = Tier::slo_tier("chat", 300.0, 30.0, 1.0);
+    let tiers = TierSet::new(vec![tier.clone()], "t").unwrap();
+    let p = Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap();
+    let stats = long_tailed(5.0, 567, 2300);
+    let estimates = p.estimate(&[stats]).unwrap();
+    let util = PlannerConfig::default().target_utilization;
+    let whole_set = estimates[0].at(2).unwrap().decode.throughput_rps * util;
+    let decode_capacity = |prefill_tp: u32| {
+        let plan = p.build_plan(&[(0, Role::Prefill, prefill_tp, 0), (0, Role::Decode, 2, 2)], &estimates, None);
+        let d = plan.groups.iter().find(|g| g.role == Role::Decode).unwrap();
+        (plan.tier_served_share[0], d.capacity_rps)
+    };
+    assert_eq!(decode_capacity(2), (1.0, whole_set));
+    let (share, capacity) = decode_capacity(1);
+    assert_eq!(share, 0.75);
+    let short = crate::estimator::decode_within_share(p.profile(), &tier, &stats, 2, 0.75);
+    assert_eq!(capacity, short.throughput_rps * util);
+    assert!(capacity > 1.2 * whole_set, "{capacity} against {whole_set}");
+}
