@@ -2,15 +2,10 @@
 //! interpolation is exact and each figure below can be checked on paper.
 
 use super::*;
-use crate::profile::synthetic::{tabulate, Axes};
+use crate::profile::synthetic::{tabulate, Axes, LINEAR_AXES};
 
 fn profile() -> Profile {
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
+    let axes = LINEAR_AXES;
     tabulate(
         &[1, 2],
         &axes,
@@ -96,12 +91,7 @@ fn background_tier_runs_the_largest_batches() {
 
 #[test]
 fn kv_capacity_bounds_the_decode_batch() {
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
+    let axes = LINEAR_AXES;
     let p = tabulate(&[1], &axes, |_, t, _| t * 0.1, |_, b, _| 10.0 + b * 0.1, Some(11_000));
     // 11,000 tokens / (1000 + 100) per request = 10 requests.
     let e = estimate_tp(&p, &Tier::background_tier("bg", 1.0), &stats(), 1);
@@ -230,12 +220,7 @@ fn decode_batches_are_sized_for_the_outputs_they_hold() {
     // less the hand-off's share); with outputs of 20 and 380 tokens the
     // batch holds the 380-token ones 19 times as often (resident 362, mean
     // context 1181, B = 8).
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
+    let axes = LINEAR_AXES;
     let p = tabulate(&[1], &axes, |_, tokens, _| tokens * 0.2, |_, b, ctx| 5.0 + 0.01 * b * ctx, None);
     let tier = Tier::slo_tier("chat", 3000.0, 105.0 / (1.0 - HANDOFF_WAIT_SHARE), 1.0);
     let alike = TierStats::new(1.0, 1000.0, 200.0);

@@ -1,5 +1,5 @@
 use super::*;
-use crate::profile::synthetic::{self, tabulate, Axes};
+use crate::profile::synthetic::{self, tabulate, LINEAR_AXES};
 
 fn planner(tiers: Vec<Tier>, gpus: u32) -> Planner {
     let set = TierSet::new(tiers, "test").unwrap();
@@ -50,12 +50,7 @@ fn picks_tp2_when_only_tp2_meets_the_slo() {
 /// 0.2 ms per token, TP2 0.12 ms; a decode step is 10 ms + 1 ms per extra
 /// request at TP1, 6 ms + 0.5 ms at TP2.
 fn linear_planner(ttft_ms: f64) -> Planner {
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
+    let axes = LINEAR_AXES;
     let profile = tabulate(
         &[1, 2],
         &axes,
@@ -341,12 +336,7 @@ fn the_proposal_is_the_better_of_per_tier_and_pooled_and_a_pooled_member_is_serv
 fn a_prefill_group_queues_as_many_batches_as_fit_in_the_ttft() {
     // 0.1 ms per prompt token, at most 1,000 tokens a batch: a batch of ten
     // 100-token prompts takes 100 ms, whatever the TTFT.
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
+    let axes = LINEAR_AXES;
     let profile = tabulate(&[1], &axes, |_, tokens, _| 0.1 * tokens, |_, b, _| 5.0 + b, None);
     let stats = TierStats::new(10.0, 100.0, 100.0);
     let budget = |tier: Tier| {
@@ -408,12 +398,7 @@ fn decode_is_counted_for_the_prompts_the_plans_prefill_serves() {
     // decode step grows with the context, so the 567-token three quarters
     // that a TP1 prefill group serves decode in larger batches than the
     // whole set (mean 1000) a TP2 one serves.
-    let axes = Axes {
-        prefill_tokens: &[100.0, 1000.0],
-        prefill_sizes: &[1.0, 10.0],
-        decode_sizes: &[1.0, 64.0],
-        decode_contexts: &[100.0, 10_000.0],
-    };
+    let axes = LINEAR_AXES;
     let profile = tabulate(
         &[1, 2],
         &axes,

@@ -108,6 +108,15 @@ pub struct Axes<'a> {
     pub decode_contexts: &'a [f64],
 }
 
+/// Two points per axis: enough for latency functions linear along each,
+/// which interpolate exactly (the hand-computed cases of the tests).
+pub const LINEAR_AXES: Axes<'static> = Axes {
+    prefill_tokens: &[100.0, 1000.0],
+    prefill_sizes: &[1.0, 10.0],
+    decode_sizes: &[1.0, 64.0],
+    decode_contexts: &[100.0, 10_000.0],
+};
+
 /// Tabulates latency functions `prefill(tp, tokens, size)` and
 /// `decode(tp, batch, context)` (ms) into a validated profile.
 pub fn tabulate(
