@@ -270,9 +270,22 @@ fn mean_lengths(lengths: &[(u32, u32)]) -> Option<(f64, f64, f64)> {
     }
     (n > 0.0).then(|| {
         let mean_output = (output / n).max(1.0);
-        let resident = if output > 0.0 { output_sq / output } else { mean_output };
-        ((prompt / n).max(1.0), mean_output, resident.max(mean_output))
+        (
+            (prompt / n).max(1.0),
+            mean_output,
+            resident_output_tokens(output, output_sq, mean_output),
+        )
     })
+}
+
+/// E[o²]/E[o] from the sum of the outputs and of their squares, at least
+/// their mean `mean_output` (`TierStats::resident_output_tokens`).
+pub fn resident_output_tokens(sum: f64, sum_of_squares: f64, mean_output: f64) -> f64 {
+    if sum > 0.0 {
+        (sum_of_squares / sum).max(mean_output)
+    } else {
+        mean_output
+    }
 }
 
 /// Arrivals per full window, from the window of the oldest arrival in `q`

@@ -11,7 +11,7 @@ use tiertp_scheduler::control::ControlConfig;
 use tiertp_scheduler::dispatcher::DispatchClass;
 use tiertp_scheduler::profile::Profile;
 use tiertp_scheduler::prompt_lengths::PromptLengths;
-use tiertp_scheduler::stats::{ArrivalObserver, TierStats};
+use tiertp_scheduler::stats::{self, ArrivalObserver, TierStats};
 use tiertp_scheduler::tiers::TierSet;
 use tiertp_scheduler::topology::Cluster;
 
@@ -254,8 +254,11 @@ fn stats_of(num_tiers: usize, reqs: &[TraceRequest], span_s: f64, fallback: &[Ti
             } else {
                 let n_f = n as f64;
                 let mean_output = o / n_f;
-                let resident = if o > 0.0 { o_sq / o } else { mean_output };
-                let stats = TierStats::new(n_f / span_s, p / n_f, mean_output).with_resident_output_tokens(resident.max(mean_output));
+                let stats = TierStats::new(n_f / span_s, p / n_f, mean_output).with_resident_output_tokens(stats::resident_output_tokens(
+                    o,
+                    o_sq,
+                    mean_output,
+                ));
                 match PromptLengths::from_samples(prompts.into_iter()) {
                     Some(lengths) => stats.with_prompt_lengths(lengths),
                     None => stats,
