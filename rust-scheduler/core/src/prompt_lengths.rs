@@ -75,18 +75,15 @@ impl PromptLengths {
             .filter(|&k| k == POINTS || self.points[k - 1] < self.points[k])
             .map(move |k| {
                 let longest = self.points[k - 1];
-                if k == POINTS {
-                    return Subset {
-                        share: 1.0,
-                        mean_tokens,
-                        longest,
-                    };
-                }
-                let mean = self.points[..k].iter().sum::<f64>() / k as f64;
+                let part = &self.points[..k];
+                let mean = part.iter().sum::<f64>() / k as f64;
+                let variance = part.iter().map(|p| (p - mean) * (p - mean)).sum::<f64>() / k as f64;
+                let mean_tokens = if k == POINTS { mean_tokens } else { (mean * scale).max(1.0) };
                 Subset {
                     share: k as f64 / POINTS as f64,
-                    mean_tokens: (mean * scale).max(1.0),
+                    mean_tokens,
                     longest,
+                    excess_tokens: variance * scale * scale / mean_tokens,
                 }
             })
     }
@@ -100,6 +97,10 @@ pub struct Subset {
     pub mean_tokens: f64,
     /// The longest (the cutoff).
     pub longest: f64,
+    /// How much longer than `mean_tokens` the prompt being prefilled when
+    /// one of them arrives is on average, E[l²]/E[l] − E[l]: a random arrival
+    /// more likely finds a long prompt running, since it runs longer.
+    pub excess_tokens: f64,
 }
 
 #[cfg(test)]
@@ -115,7 +116,8 @@ mod tests {
             [Subset {
                 share: 1.0,
                 mean_tokens: 1000.0,
-                longest: 1000.0
+                longest: 1000.0,
+                excess_tokens: 0.0,
             }]
         );
     }
@@ -131,6 +133,11 @@ mod tests {
         assert_eq!(subsets[1].share, 15.0 / 16.0);
         assert!((subsets[1].mean_tokens - 500.0).abs() < 1e-9, "{subsets:?}");
         assert_eq!(subsets[1].longest, 500.0);
+        // The batch an arrival finds running: E[l²]/E[l] − E[l] longer than
+        // the mean, (15 x 1250² + 18750²) / 16 / 1750 tokens for all of
+        // them, nothing for prompts all alike.
+        assert!((subsets[0].excess_tokens - 23_437_500.0 / 1750.0).abs() < 1e-6, "{subsets:?}");
+        assert_eq!(subsets[1].excess_tokens, 0.0);
     }
 
     #[test]

@@ -176,11 +176,18 @@ fn a_tp_level_too_slow_for_the_mean_prompt_serves_the_shorter_ones() {
     let e1 = estimate_tp(&p, &chat(), &stats, 1).prefill;
     assert_eq!((e1.served_share, e1.max_prompt_tokens, e1.batch_requests), (0.75, 1500, 1));
     assert!(close(e1.throughput_rps, 10.0), "{e1:?}");
-    // TP2 meets the TTFT for the mean (2 x 117 ms): all of them, sized for
-    // the mean, and capped at 300 / 0.12 = 2500 tokens.
+    // TP2 prefills the mean alone in 117 ms, twice within the TTFT, but a
+    // prompt arrives behind a 2400-token one (288 ms) more often than a
+    // quarter of the time: the batch it waits behind averages 975 + 694
+    // tokens (E[l²]/E[l]), 200 ms, and 200 + 117 > 300. So TP2 too serves
+    // the 500-token three quarters (two per batch: 2 x 120 ms), capped at
+    // 300 / 0.12 = 2500 tokens.
     let e2 = estimate_tp(&p, &chat(), &stats, 2).prefill;
-    assert_eq!((e2.served_share, e2.max_prompt_tokens), (1.0, 2500));
-    assert!(close(e2.batch_ms, 0.12 * 975.0), "{e2:?}");
+    assert_eq!((e2.served_share, e2.max_prompt_tokens, e2.batch_requests), (0.75, 2500, 2));
+    assert!(close(e2.batch_ms, 0.12 * 1000.0), "{e2:?}");
+    // The same mean with every prompt alike waits behind a mean batch.
+    let alike = estimate_tp(&p, &chat(), &TierStats::new(100.0, 975.0, 100.0), 2).prefill;
+    assert_eq!((alike.served_share, alike.batch_requests), (1.0, 1));
 }
 
 #[test]
