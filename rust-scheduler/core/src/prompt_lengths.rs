@@ -7,7 +7,7 @@
 //! Judged by the mean alone, such a tier looked unservable at every TP level
 //! and got no SLO capacity.
 
-use crate::quantiles::{self, POINTS};
+use crate::quantiles::{self, POINTS, TAIL_POINTS};
 
 /// The largest of the served shares of a tier's prefill-capable stages or
 /// groups; 1 when there is none above 0 (nothing is then served, for a
@@ -25,12 +25,17 @@ pub fn best_served_share(shares: impl IntoIterator<Item = f64>) -> f64 {
 pub struct PromptLengths {
     /// Prompt tokens at the quantiles (i + 0.5) / POINTS, ascending.
     points: [f64; POINTS],
+    /// The top 1/POINTS of the prompts in finer points (`quantiles::tail_points`).
+    tail: [f64; TAIL_POINTS],
 }
 
 impl PromptLengths {
     /// Every prompt `tokens` long (what a mean alone says).
     pub const fn all(tokens: f64) -> Self {
-        Self { points: [tokens; POINTS] }
+        Self {
+            points: [tokens; POINTS],
+            tail: [tokens; TAIL_POINTS],
+        }
     }
 
     /// From observed prompt lengths; None when there are none.
@@ -43,17 +48,33 @@ impl PromptLengths {
         let sorted: Vec<f64> = sorted.into_iter().map(f64::from).collect();
         Some(Self {
             points: quantiles::midpoints(&sorted),
+            tail: quantiles::tail_points(&sorted),
         })
     }
 
     /// The lengths of several tiers' prompts together, each given as (rate,
     /// lengths); None when no part has a positive rate.
     pub fn mixture(parts: &[(f64, PromptLengths)]) -> Option<Self> {
+        // Each part's top point stands for its tail points.
         let mut values: Vec<(f64, f64)> = parts
             .iter()
-            .flat_map(|(rate, l)| l.points.iter().map(move |&p| (p, *rate)))
+            .flat_map(|(rate, l)| {
+                let below = l.points[..POINTS - 1].iter().map(move |&p| (p, *rate));
+                below.chain(l.tail.iter().map(move |&p| (p, *rate / TAIL_POINTS as f64)))
+            })
             .collect();
-        quantiles::weighted_midpoints(&mut values).map(|points| Self { points })
+        quantiles::weighted_summary(&mut values).map(|(points, tail)| Self { points, tail })
+    }
+
+    /// The share of prompts of at most `longest` tokens.
+    pub fn share_within(&self, longest: f64) -> f64 {
+        let below = self.points[..POINTS - 1].iter().filter(|&&p| p <= longest).count();
+        let in_tail = if below == POINTS - 1 {
+            self.tail.iter().filter(|&&p| p <= longest).count()
+        } else {
+            0
+        };
+        (below as f64 + in_tail as f64 / TAIL_POINTS as f64) / POINTS as f64
     }
 
     /// Ascending; each point stands for 1/POINTS of the prompts.
@@ -138,6 +159,21 @@ mod tests {
         // them, nothing for prompts all alike.
         assert!((subsets[0].excess_tokens - 23_437_500.0 / 1750.0).abs() < 1e-6, "{subsets:?}");
         assert_eq!(subsets[1].excess_tokens, 0.0);
+    }
+
+    #[test]
+    fn a_cap_below_the_top_point_leaves_out_only_the_tail_past_it() {
+        // 1 prompt in 32 is 20,000 tokens: the top point (half way into the
+        // last 1/16) falls between them and the rest; the tail points tell
+        // that a 5,000-token cap serves 31 of 32.
+        let samples = (0..640).map(|i| if i >= 620 { 20_000 } else { 500 });
+        let l = PromptLengths::from_samples(samples).unwrap();
+        assert_eq!(l.share_within(5_000.0), 31.0 / 32.0);
+        assert_eq!(l.share_within(20_000.0), 1.0);
+        assert_eq!(l.share_within(400.0), 0.0);
+        // A rate-weighted mixture keeps the tail in proportion.
+        let m = PromptLengths::mixture(&[(1.0, l), (1.0, PromptLengths::all(500.0))]).unwrap();
+        assert_eq!(m.share_within(5_000.0), 63.0 / 64.0);
     }
 
     #[test]

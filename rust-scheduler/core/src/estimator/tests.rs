@@ -191,6 +191,22 @@ fn a_tp_level_too_slow_for_the_mean_prompt_serves_the_shorter_ones() {
 }
 
 #[test]
+fn planning_for_every_prompt_still_loses_those_past_the_cap() {
+    // 1 prompt in 32 is 3,000 tokens, the rest 100: TP2 prefills batches of
+    // the 191-token mean within the 300 ms TTFT, but no 3,000-token prompt
+    // even alone (its cap is 300 / 0.12 = 2,500 tokens). Those are shed at
+    // dispatch, so the stage serves 31 of 32 prompts, not all.
+    let samples = (0..640).map(|i| if i >= 620 { 3000 } else { 100 });
+    let lengths = crate::prompt_lengths::PromptLengths::from_samples(samples).unwrap();
+    let stats = TierStats::new(100.0, (31.0 * 100.0 + 3000.0) / 32.0, 100.0).with_prompt_lengths(lengths);
+    let e2 = estimate_tp(&profile(), &chat(), &stats, 2).prefill;
+    assert_eq!((e2.served_share, e2.max_prompt_tokens), (31.0 / 32.0, 2500), "{e2:?}");
+    // Its batches are still of the whole set's mean.
+    let batch_tokens = (f64::from(e2.batch_requests) * stats.mean_prompt_tokens).ceil() as u32;
+    assert_eq!(e2.batch_tokens, batch_tokens, "{e2:?}");
+}
+
+#[test]
 fn without_a_ttft_every_prompt_is_served() {
     let e = estimate_tp(&profile(), &Tier::background_tier("bg", 1.0), &long_tailed(500, 2400), 1);
     assert_eq!((e.prefill.served_share, e.prefill.max_prompt_tokens), (1.0, 0));
