@@ -36,13 +36,16 @@ pub fn tier_served_shares(num_tiers: usize, groups: &[GroupPlan]) -> Vec<f64> {
 
 /// Weighted goodput the plan can deliver: Σ_t weight_t · E[min(λ_t,
 /// capacity_t)] over the tier's rate variation and the share of its
-/// prompts the plan can serve in time (`TierStats::served_within`).
+/// prompts the plan can serve in time (`TierStats::served_within`), with
+/// λ_t the demand its prefill-capable groups admit (`blocking`).
 pub fn objective(tiers: &[Tier], estimates: &[TierEstimate], plan: &Plan) -> f64 {
+    let admitted = super::blocking::admitted_shares(tiers, estimates, plan);
     tiers
         .iter()
         .zip(estimates)
         .zip(plan.tier_capacity_rps.iter().zip(&plan.tier_served_share))
-        .map(|((t, e), (&cap, &share))| t.weight * e.stats.served_within(1.0, cap, share))
+        .zip(admitted)
+        .map(|(((t, e), (&cap, &share)), admitted)| t.weight * e.stats.served_within(admitted, cap, share))
         .sum()
 }
 

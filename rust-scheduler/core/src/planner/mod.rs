@@ -4,6 +4,7 @@
 //! better proposal only if it beats the current plan by the hysteresis
 //! margin and repays the switch (DESIGN.md §1).
 
+mod blocking;
 mod commit;
 mod diff;
 pub mod fairness;
