@@ -11,9 +11,13 @@
 //! room for twenty almost none; capacity alone rates them alike (14B on 8
 //! H100, prompts of mean 6,000 tokens, CV 2, at 20 req/s: two TP1 prefill
 //! layouts were planned at 13 req/s and served 11.0; now the TP4 pool the
-//! static ablation runs, 12.8). The
-//! objective counts a tier's demand as what its groups admit, so a plan
-//! whose bottleneck is elsewhere (decode) loses only what does not reach it.
+//! static ablation runs, 12.8).
+//!
+//! The objective counts a tier's demand as what its groups admit, so a
+//! plan whose bottleneck is elsewhere (decode) loses only what does not
+//! reach it. A colocated group counts with its whole throughput and its
+//! chunked-prefill budget: an approximation, as its prefill shares the
+//! iterations with decode.
 
 use crate::estimator::TierEstimate;
 use crate::plan::Plan;
