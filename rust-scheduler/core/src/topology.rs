@@ -3,10 +3,12 @@
 //! ({0,1}, {2,3}, {0..3}, ...), which is what NVLink islands and the
 //! interleaved weight layout both assume.
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use thiserror::Error;
+
+mod best_fit;
+use best_fit::BestFitTree;
 
 pub const MAX_GPUS_PER_NODE: u32 = 8;
 
@@ -110,10 +112,8 @@ pub struct Allocator {
     /// blocks[s] = number of free aligned blocks of size 2^s, all nodes.
     blocks: [u32; 4],
     free_gpus: u32,
-    /// Nodes by (size, free mask), each list in node order: nodes alike
-    /// offer the same blocks, so `allocate` looks at each kind once (a large
-    /// cluster has few kinds).
-    kinds: BTreeMap<(u32, u8), Vec<usize>>,
+    /// Each node's best-fit block per size, for `allocate`.
+    tree: BestFitTree,
 }
 
 fn block_mask(local: u32, tp: u32) -> u8 {
@@ -161,6 +161,13 @@ fn describe_node(size: u32, free: u8) -> NodeKind {
     out
 }
 
+/// A node's best-fit keys per block size (`best_fit::key`).
+fn best_fit_keys(size: u32, free: u8, node: usize) -> [Option<u64>; 4] {
+    node_kind(size, free)
+        .best
+        .map(|b| b.map(|(enclosing, _)| best_fit::key(enclosing, free.count_ones(), node)))
+}
+
 /// Size of the largest fully-free aligned block inside the node that
 /// contains the free block (local, tp).
 fn enclosing_free_block(node_size: u32, free: u8, local: u32, tp: u32) -> u32 {
@@ -182,20 +189,19 @@ impl Allocator {
         let free: Vec<u8> = sizes.iter().map(|&s| ((1u32 << s) - 1) as u8).collect();
         let first = (0..sizes.len()).map(|n| cluster.node_first_gpu(n)).collect();
         let mut blocks = [0; 4];
-        let mut kinds: BTreeMap<(u32, u8), Vec<usize>> = BTreeMap::new();
         for (n, &f) in free.iter().enumerate() {
             for (b, c) in blocks.iter_mut().zip(node_kind(sizes[n], f).blocks) {
                 *b += c;
             }
-            kinds.entry((sizes[n], f)).or_default().push(n);
         }
+        let tree = BestFitTree::new(free.iter().enumerate().map(|(n, &f)| best_fit_keys(sizes[n], f, n)));
         Self {
             free_gpus: sizes.iter().sum(),
             sizes,
             first,
             free,
             blocks,
-            kinds,
+            tree,
         }
     }
 
@@ -216,43 +222,21 @@ impl Allocator {
             self.blocks[s] = self.blocks[s] - old[s] + new[s];
         }
         self.free_gpus = self.free_gpus - old_free.count_ones() + new_free.count_ones();
-        if let Some(nodes) = self.kinds.get_mut(&(size, old_free)) {
-            if let Ok(i) = nodes.binary_search(&node) {
-                nodes.remove(i);
-            }
-            if nodes.is_empty() {
-                self.kinds.remove(&(size, old_free));
-            }
-        }
-        let nodes = self.kinds.entry((size, new_free)).or_default();
-        if let Err(i) = nodes.binary_search(&node) {
-            nodes.insert(i, node);
-        }
+        self.tree.set(node, best_fit_keys(size, new_free, node));
         self.free[node] = new_free;
     }
 
     /// Buddy best fit: among free aligned blocks of `tp`, the one inside the
     /// smallest fully-free aligned block (so large blocks stay whole), then
-    /// the node with the fewest free GPUs, then the lowest offset. Returns
-    /// the first global GPU.
+    /// on the node with the fewest free GPUs, then the lowest node and
+    /// offset. Returns the first global GPU.
     pub fn allocate(&mut self, tp: u32) -> Option<u32> {
         if self.available(tp) == 0 {
             return None;
         }
         let level = tp.trailing_zeros() as usize;
-        let mut best: Option<((u32, u32), usize, u32)> = None;
-        for (&(size, free), nodes) in &self.kinds {
-            // Of nodes alike, the first is the one a scan in node order keeps.
-            let Some(&node) = nodes.first() else { continue };
-            let Some((enclosing, local)) = node_kind(size, free).best[level] else {
-                continue;
-            };
-            let key = (enclosing, free.count_ones());
-            if best.is_none_or(|(b, n, l)| (key, node, local) < (b, n, l)) {
-                best = Some((key, node, local));
-            }
-        }
-        let (_, node, local) = best?;
+        let node = self.tree.best(level)?;
+        let (_, local) = node_kind(self.sizes[node], self.free[node]).best[level]?;
         self.set_free(node, self.free[node] & !block_mask(local, tp));
         Some(self.first[node] + local)
     }
@@ -349,5 +333,48 @@ mod tests {
         assert!(!a.take(5, 2));
         assert_eq!(a.free_gpus(), 2);
         assert_eq!(a.available(2), 1);
+    }
+
+    /// `allocate`'s rule by brute force over every free aligned block.
+    fn best_fit_by_scan(a: &Allocator, tp: u32) -> Option<u32> {
+        let mut best: Option<(u32, u32, usize, u32)> = None;
+        for (node, (&size, &free)) in a.sizes.iter().zip(&a.free).enumerate() {
+            for local in (0..size).step_by(tp as usize).filter(|l| l + tp <= size) {
+                let m = block_mask(local, tp);
+                if free & m == m {
+                    let key = (enclosing_free_block(size, free, local, tp), free.count_ones(), node, local);
+                    if best.is_none_or(|b| key < b) {
+                        best = Some(key);
+                    }
+                }
+            }
+        }
+        best.map(|(_, _, node, local)| a.first[node] + local)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn allocate_takes_the_best_fit_a_scan_finds(
+            sizes in proptest::collection::vec(1u32..=8, 1..12),
+            ops in proptest::collection::vec((0u32..4, 0usize..64, proptest::bool::ANY), 1..80),
+        ) {
+            let c = Cluster::new(sizes).unwrap();
+            let mut a = Allocator::new(&c);
+            let mut held: Vec<(u32, u32)> = Vec::new();
+            for (level, pick, release) in ops {
+                if release && !held.is_empty() {
+                    let (first, tp) = held.swap_remove(pick % held.len());
+                    a.release(first, tp);
+                    continue;
+                }
+                let tp = 1 << level;
+                let expected = best_fit_by_scan(&a, tp);
+                proptest::prop_assert_eq!(a.allocate(tp), expected);
+                if let Some(first) = expected {
+                    held.push((first, tp));
+                }
+                proptest::prop_assert_eq!(a.free_gpus(), a.free.iter().map(|f| f.count_ones()).sum::<u32>());
+            }
+        }
     }
 }

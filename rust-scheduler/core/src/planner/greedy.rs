@@ -405,7 +405,7 @@ pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
     // Only when the observed demand is covered: short of GPUs, the plan for
     // today's demand is the one to run.
     if base.gpus_used == 0 || must_cover.contains(&false) {
-        return base.chosen;
+        return base.finish();
     }
     let covers = |o: &Outcome| must_cover.iter().zip(&o.covered).all(|(&must, &is)| !must || is);
     let free = f64::from(alloc.free_gpus());
@@ -416,10 +416,10 @@ pub fn assign(input: &GreedyInput, alloc: Allocator) -> Vec<Chosen> {
         }
         let tried = assign_scaled(input, alloc.clone(), scale);
         if covers(&tried) {
-            return tried.chosen;
+            return tried.finish();
         }
     }
-    base.chosen
+    base.finish()
 }
 
 /// A lower bound on the GPUs that cover every tier's demand scaled by
@@ -473,15 +473,28 @@ pub(super) const COVERED_SHORTFALL: f64 = 0.01;
 /// 4x the observed mix, else 2x, else 1.4x.
 const SURGE_LADDER: [f64; 3] = [4.0, 2.0, 1.4];
 
-struct Outcome {
-    chosen: Vec<Chosen>,
+/// A greedy run up to its leftovers: the demand-driven phases decide which
+/// surge is planned for; only the plan kept gets its leftovers handed out.
+struct Outcome<'a> {
+    state: State<'a>,
     /// GPUs the demand-driven phases used (before leftovers).
     gpus_used: u32,
     /// Per tier, whether its (scaled) demand is covered.
     covered: Vec<bool>,
+    slo: Vec<usize>,
+    background: Vec<usize>,
+    moves: Vec<Move>,
 }
 
-fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
+impl Outcome<'_> {
+    /// Hands out the leftover GPUs and returns the groups.
+    fn finish(mut self) -> Vec<Chosen> {
+        phase3_leftovers(&mut self.state, &self.slo, &self.background, &self.moves);
+        self.state.chosen
+    }
+}
+
+fn assign_scaled<'a>(input: &'a GreedyInput<'a>, alloc: Allocator, scale: f64) -> Outcome<'a> {
     let total = alloc.free_gpus();
     let mut s = State {
         input,
@@ -513,11 +526,13 @@ fn assign_scaled(input: &GreedyInput, alloc: Allocator, scale: f64) -> Outcome {
     s.run(&background, &moves, factor);
     let gpus_used = total - s.alloc.free_gpus();
     let covered = (0..input.tiers.len()).map(|t| s.covered(t)).collect();
-    phase3_leftovers(&mut s, &slo, &background, &moves);
     Outcome {
-        chosen: s.chosen,
+        state: s,
         gpus_used,
         covered,
+        slo,
+        background,
+        moves,
     }
 }
 
