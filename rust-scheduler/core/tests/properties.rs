@@ -1,4 +1,4 @@
-//! Property tests of the planner and the dispatcher (issue: scheduler core).
+//! Property tests of the planner and the dispatcher.
 
 use std::collections::HashMap;
 use std::sync::Arc;
