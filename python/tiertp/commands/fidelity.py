@@ -24,13 +24,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from tiertp.commands.load_arguments import (
-    add_client_limit_arguments,
-    add_length_cap_arguments,
-    add_load_arguments,
-    live_client_settings,
-    workload_settings,
-)
+from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
+                                            add_output_switch_arguments, live_client_settings, output_settings,
+                                            workload_settings)
 from tiertp.commands.worker import parse_tp_levels
 
 
@@ -86,8 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip the calibrated prediction (the profile scaled by the probe's measured/predicted TPOT)")
     o.add_argument("--cooldown", type=float, default=5.0, metavar="S", help="pause between loads (default 5)")
     o.add_argument("--out", type=Path, default=Path("fidelity"), help="output folder (default fidelity/)")
-    o.add_argument("--no-plots", action="store_true")
-    o.add_argument("--no-progress", action="store_true")
+    add_output_switch_arguments(o)
     p.set_defaults(func=run)
 
 
@@ -139,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
         cooldown_s=args.cooldown,
         probe_per_tier=args.probe,
         calibrate=not args.no_calibrate,
-        plots=not args.no_plots,
-        progress=not args.no_progress,
+        **output_settings(args),
         command_line=["tiertp", *sys.argv[1:]],  # `python -m tiertp.cli ...` is the same command
     )
     report = run_fidelity(cfg)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from tiertp.commands.cluster_spec import WorkerEntry, cluster_workers, parse_worker
 from tiertp.commands.gateway_options import ServeInputError, add_gateway_options, gateway_settings
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
+from tiertp.commands.keys import add_key_file_argument
 from tiertp.profile_source import MEASURED, SYNTHETIC
 from tiertp.worker.config import check_tp_levels
 
@@ -59,9 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "powers of two including 1, a group never larger than its node; default: 1)")
     p.add_argument("--ready-timeout", type=float, default=600.0,
                    help="seconds to wait for the first agent with a device ready (default 600)")
-    p.add_argument("--key-file", type=Path, default=None, metavar="FILE",
-                   help="the control-plane key the agents hold (required; `tiertp keys FILE` makes one): every "
-                        "frame to and from them is sealed under it")
+    add_key_file_argument(
+        p, "the control-plane key the agents hold (required; `tiertp keys FILE` makes one): every "
+           "frame to and from them is sealed under it")
     p.set_defaults(func=run)
 
 

@@ -17,6 +17,12 @@ from pathlib import Path
 from tiertp.worker.key_file import write_key_file
 
 
+def add_key_file_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """--key-file FILE: the control-plane key file, for the commands that talk
+    gateway <-> agent (`help` says what it is to that command)."""
+    parser.add_argument("--key-file", type=Path, default=None, metavar="FILE", help=help)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="write a new control-plane key (gateway <-> node agents) to a file",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

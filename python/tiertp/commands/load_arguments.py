@@ -1,6 +1,7 @@
-"""The workload and live-client options that `tiertp replay` and `tiertp fidelity`
-share, and the objects each command builds from them, so both read a trace,
-its tiers, loads, length caps and client time limits the same way."""
+"""The workload, live-client and output options that `tiertp replay` and
+`tiertp fidelity` share, and the objects each command builds from them, so
+both read a trace, its tiers, loads, length caps, client time limits and
+report switches the same way."""
 
 from __future__ import annotations
 
@@ -69,6 +70,12 @@ def add_client_limit_arguments(group) -> None:
                        help="fail a request not finished S seconds after sending (default %(default)s)")
 
 
+def add_output_switch_arguments(group) -> None:
+    """--no-plots, --no-progress (see `output_settings`)."""
+    group.add_argument("--no-plots", action="store_true", help="write the report without its PNG plots")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def tier_rule(args: argparse.Namespace) -> TierRule:
     return TierRule.parse(args.tier_map, args.tier_fractions)
 
@@ -92,3 +99,9 @@ def live_client_settings(args: argparse.Namespace) -> dict:
     """What `add_length_cap_arguments` and `add_client_limit_arguments` asked
     for, as the config keyword arguments `caps` and `limits`."""
     return dict(caps=length_caps(args), limits=client_limits(args))
+
+
+def output_settings(args: argparse.Namespace) -> dict:
+    """What `add_output_switch_arguments` asked for, as the config keyword
+    arguments `plots` and `progress`."""
+    return dict(plots=not args.no_plots, progress=not args.no_progress)

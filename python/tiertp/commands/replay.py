@@ -33,13 +33,9 @@ import argparse
 from pathlib import Path
 
 from tiertp._scheduler import DEFAULT_GPUS_PER_NODE, DEFAULT_WINDOW_S
-from tiertp.commands.load_arguments import (
-    add_client_limit_arguments,
-    add_length_cap_arguments,
-    add_load_arguments,
-    live_client_settings,
-    workload_settings,
-)
+from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
+                                            add_output_switch_arguments, live_client_settings, output_settings,
+                                            workload_settings)
 from tiertp.profile_source import add_profile_arguments, load_profile
 from tiertp.replay import ablation, presets
 from tiertp.replay.driver import ReplayConfig, replay
@@ -92,8 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--out", type=Path, help=f"output folder (default: {DEFAULT_OUT}/; with --preset: "
                    "bench/results/NAME/, or OUT/NAME/ for --preset all)")
     o.add_argument("--plot-rps", type=float, help="load (one of --rps) for the timeline and CDF plots (default: middle)")
-    o.add_argument("--no-plots", action="store_true")
-    o.add_argument("--no-progress", action="store_true")
+    add_output_switch_arguments(o)
     p.set_defaults(func=run)
 
 
@@ -177,8 +172,7 @@ def run_sim(args: argparse.Namespace) -> int:
         switch_ms=args.switch_ms,
         kv_gbps=args.kv_gbps,
         plot_rps=args.plot_rps,
-        plots=not args.no_plots,
-        progress=not args.no_progress,
+        **output_settings(args),
     )
     report = replay(cfg)
     print("goodput, req/s within SLO (winning setting), total and per tier:")
@@ -212,8 +206,7 @@ def run_live(args: argparse.Namespace) -> int:
         served_model=args.served_model,
         api_keys=parse_api_keys(args.api_key),
         plot_rps=args.plot_rps,
-        plots=not args.no_plots,
-        progress=not args.no_progress,
+        **output_settings(args),
     )
     report = live_replay(cfg)
     print("goodput, req/s within SLO (measured):")

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from tiertp.commands.banner import first_tier
 from tiertp.commands.gateway_options import GatewaySettings, ServeInputError, add_gateway_options, gateway_settings
 from tiertp.commands.gateway_runner import Stop, serve_gateway, stop_on_signals
+from tiertp.commands.keys import add_key_file_argument
 from tiertp.profile_source import MEASURED
 from tiertp.worker.config import AgentConfig
 from tiertp.ports import free_port
@@ -63,9 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=float, default=600.0,
                    help="seconds to wait for the agent and its engines (default 600)")
     p.add_argument("--log-dir", type=Path, default=None, help="execution process logs (default: a temp dir)")
-    p.add_argument("--key-file", type=Path, default=None, metavar="FILE",
-                   help="the control-plane key the agent and the gateway share (default: a fresh one in a private "
-                        "temp dir); give one to talk to the agent yourself (`tiertp keys FILE` makes one)")
+    add_key_file_argument(
+        p, "the control-plane key the agent and the gateway share (default: a fresh one in a private "
+           "temp dir); give one to talk to the agent yourself (`tiertp keys FILE` makes one)")
     p.set_defaults(func=run)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tiertp.commands.keys import add_key_file_argument
 from tiertp.engine.models import EMBEDDED_MODELS
 from tiertp.worker.config import AgentConfig
 
@@ -48,9 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="CPU cores each logical device owns, device d on core group d "
                         "(default: the machine's cores split over the devices)")
     p.add_argument("--log-dir", type=Path, default=None, help="execution process logs (default: a temp dir)")
-    p.add_argument("--key-file", type=Path, default=None, metavar="FILE",
-                   help="the control-plane key (required; `tiertp keys FILE` makes one, the gateway is given the "
-                        "same file): the agent hears only clients holding it")
+    add_key_file_argument(
+        p, "the control-plane key (required; `tiertp keys FILE` makes one, the gateway is given the "
+           "same file): the agent hears only clients holding it")
     p.set_defaults(func=run)
 
 

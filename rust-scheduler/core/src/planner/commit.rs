@@ -159,10 +159,14 @@ mod tests {
         }
     }
 
-    fn plan(groups: Vec<crate::plan::GroupPlan>, capacity: f64) -> Plan {
+    /// TP4 groups `(role, capacity_rps, batch_cap)` on consecutive GPUs.
+    fn plan(groups: &[(Role, f64, u32)], capacity: f64) -> Plan {
         Plan {
             num_gpus: 12,
-            groups,
+            groups: (0u32..)
+                .zip(groups)
+                .map(|(i, &(role, rps, cap))| group(role, 4 * i, rps, cap))
+                .collect(),
             tier_capacity_rps: vec![capacity],
             tier_served_share: vec![1.0],
         }
@@ -174,22 +178,9 @@ mod tests {
         let tiers = [Tier::slo_tier("chat", 200.0, 10.0, 1.0)];
         let profile = synthetic::llama8b_like();
         let estimates = [estimate_tier(&profile, 0, &tiers[0], TierStats::new(80.0, 1000.0, 200.0), &[4])];
-        let current = plan(
-            vec![
-                group(Role::Prefill, 0, 40.0, 8),
-                group(Role::Decode, 4, 30.0, 100),
-                group(Role::Decode, 8, 30.0, 100),
-            ],
-            40.0,
-        );
-        let proposal = plan(
-            vec![
-                group(Role::Prefill, 0, 40.0, 8),
-                group(Role::Prefill, 4, 40.0, 8),
-                group(Role::Decode, 8, 30.0, 100),
-            ],
-            30.0,
-        );
+        let (prefill, decode) = ((Role::Prefill, 40.0, 8), (Role::Decode, 30.0, 100));
+        let current = plan(&[prefill, decode, decode], 40.0);
+        let proposal = plan(&[prefill, prefill, decode], 30.0);
         worth_committing(&CommitInput {
             tiers: &tiers,
             estimates: &estimates,
