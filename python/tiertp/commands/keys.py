@@ -17,10 +17,10 @@ from pathlib import Path
 from tiertp.worker.key_file import write_key_file
 
 
-def add_key_file_argument(parser: argparse.ArgumentParser, help: str) -> None:
+def add_key_file_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
     """--key-file FILE: the control-plane key file, for the commands that talk
-    gateway <-> agent (`help` says what it is to that command)."""
-    parser.add_argument("--key-file", type=Path, default=None, metavar="FILE", help=help)
+    gateway <-> agent (`help_text` says what it is to that command)."""
+    parser.add_argument("--key-file", type=Path, default=None, metavar="FILE", help=help_text)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
