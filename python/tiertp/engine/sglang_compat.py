@@ -130,15 +130,41 @@ def apply(device: str, tp_size: int, cores_per_rank: int | None = None,
     os.environ.update(env)
     if device == "cpu":
         set_intra_op_threads(int(env["OMP_NUM_THREADS"]))
-        if "sglang" in sys.modules:
+        if "sglang" in sys.modules and not _imported_for_cpu():
             # SGLang caches is_cpu() and its sgl_kernel imports at import time.
             raise RuntimeError("tiertp.engine.sglang_compat.apply() must run before sglang is imported")
-        if str(STUB_DIR) not in sys.path:
-            sys.path.insert(0, str(STUB_DIR))
-        import sgl_kernel
+        _load_kernel_stand_in()
 
-        if not getattr(sgl_kernel, "IS_TIERTP_STUB", False):
-            raise RuntimeError(f"expected tiertp's sgl_kernel stand-in, imported {sgl_kernel.__file__}")
+
+# What SGLang reads when it is first imported: the same for every CPU engine
+# process, whatever its TP size, cores and devices.
+_IMPORT_TIME_ENV = ("SGLANG_USE_CPU_ENGINE", "TORCHDYNAMO_DISABLE", "SGLANG_NCCL_SO_PATH")
+
+
+def prepare_cpu_import() -> None:
+    """The import-time part of `apply` on CPU, for a process that imports
+    SGLang before it knows the TP size, cores and devices it will serve (the
+    forkserver of CPU ranks, tiertp.execution.rank_preload). A process forked
+    from it still calls `apply`, which then sets the rest."""
+    env = process_env("cpu", 1)
+    os.environ.update({k: env[k] for k in _IMPORT_TIME_ENV})
+    _load_kernel_stand_in()
+
+
+def _imported_for_cpu() -> bool:
+    """Whether SGLang was imported after `prepare_cpu_import` (or `apply`) on
+    CPU: the stand-in is its sgl_kernel and the CPU engine was asked for."""
+    stand_in = sys.modules.get("sgl_kernel")
+    return getattr(stand_in, "IS_TIERTP_STUB", False) and os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+
+
+def _load_kernel_stand_in() -> None:
+    if str(STUB_DIR) not in sys.path:
+        sys.path.insert(0, str(STUB_DIR))
+    import sgl_kernel
+
+    if not getattr(sgl_kernel, "IS_TIERTP_STUB", False):
+        raise RuntimeError(f"expected tiertp's sgl_kernel stand-in, imported {sgl_kernel.__file__}")
 
 
 def engine_kwargs(device: str, tp_size: int, *, max_total_tokens: int | None = None) -> dict:

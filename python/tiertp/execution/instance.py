@@ -1,6 +1,6 @@
 """`TpInstance`: the controller's handle on one TP instance (no SGLang in this process).
 
-`start` spawns one process per rank (tiertp.execution.rank); rank 0, the
+`start` starts one process per rank (tiertp.execution.rank); rank 0, the
 leader, is driven over a pipe, one command at a time, each answered before
 the next is sent. Between two commands every rank sits at an iteration
 boundary with its KV quiescent: that is what `pause` means, and why pausing
@@ -62,6 +62,20 @@ class Pending:
         return self._value
 
 
+def _rank_processes(device: str):
+    """How rank processes start. CPU ranks fork from a forkserver that has
+    imported SGLang once (tiertp.execution.rank_preload); the forkserver
+    exits with this process, and a rank with its forkserver
+    (`die_with_parent`). CUDA ranks are spawned: a forked process cannot use
+    CUDA if its parent initialised it, and importing SGLang is not known to
+    leave CUDA alone."""
+    if device == "cpu":
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["tiertp.execution.rank_preload"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
 class TpInstance:
     """One model replica at TP `spec.tp`, owning its paged KV. See tiertp.execution."""
 
@@ -80,7 +94,7 @@ class TpInstance:
         if self._procs:
             raise RuntimeError("instance already started")
         model_path = str(resolve_model(self.spec.model))  # fail here, not in every rank
-        mp = multiprocessing.get_context("spawn")
+        mp = _rank_processes(self.spec.device)
         parent, child = mp.Pipe()
         port = free_port()
         for rank in range(self.spec.tp):

@@ -21,7 +21,8 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
     """(model_runner, tokenizer, TpContext) for `rank`; the first thing a rank process does.
 
     Must run before anything in the process imports sglang (it applies
-    tiertp.engine.sglang_compat first).
+    tiertp.engine.sglang_compat first), unless the process was forked from
+    the CPU ranks' forkserver (tiertp.execution.rank_preload).
     """
     if spec.device == "cuda":
         sglang_compat.check_cuda_available()
@@ -44,7 +45,7 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
     # On CPU SGLang picks the rank's core group from SGLANG_CPU_OMP_THREADS_BIND
     # by gpu_id, which indexes that list; on CUDA it is the device.
     gpu_id = spec.devices[rank] if spec.device == "cuda" else rank
-    # As one_batch.latency_test: a spawned rank arrives with nothing published.
+    # As one_batch.latency_test: a new rank arrives with nothing published.
     publish(server_args, role="scheduler",
             ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=rank, pp_rank=0), gpu_id=gpu_id))
     one_batch._init_process_global_configs()

@@ -28,10 +28,11 @@ from tiertp.execution.spec import InstanceSpec
 
 
 def rank_main(spec: InstanceSpec, model_path: str, rank: int, dist_port: int, conn) -> None:
-    """Entry point of rank `rank` (spawned by TpInstance); never returns."""
+    """Entry point of rank `rank` (started by TpInstance); never returns."""
     set_title(f"tiertp::tp{spec.tp}_rank{rank}")
-    # Dies with the thread that spawned it (PR_SET_PDEATHSIG): start instances
-    # from a thread that outlives them, e.g. the main thread.
+    # Dies with its parent (PR_SET_PDEATHSIG): a CPU rank's is the forkserver,
+    # which exits with the controller process; a CUDA rank's the thread that
+    # spawned it, so start instances from a thread that outlives them.
     die_with_parent()
     code = 0
     try:

@@ -1,0 +1,29 @@
+"""What a CPU rank imports before it loads its model, imported once per
+controller process by the forkserver that forks its CPU ranks
+(tiertp.execution.instance).
+
+A spawned rank spent about 14 s of CPU importing SGLang (on a 2-core
+machine), every rank of every instance; a rank forked from the forkserver
+starts with it imported. Nothing here depends on an instance: each rank
+still applies its TP size, cores and devices (tiertp.execution.loader).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tiertp.engine import sglang_compat
+
+# What tiertp.execution.loader imports, and the model class of the embedded
+# models (Llama); SGLang imports other architectures at load time.
+_MODULES = (
+    "sglang.benchmark.one_batch",
+    "sglang.srt.runtime_context",
+    "sglang.srt.server_args",
+    "sglang.srt.distributed.parallel_state",
+    "sglang.srt.models.llama",
+)
+
+sglang_compat.prepare_cpu_import()
+for _name in _MODULES:
+    importlib.import_module(_name)
