@@ -132,8 +132,9 @@ def test_plan_without_tp_change_is_applied(client):
 def _victim(executor: psutil.Process, which: str) -> psutil.Process:
     if which == "executor":
         return executor
-    # The process holding the model: SGLang's scheduler (engine runner) or rank 0 (TP instance runner).
-    [scheduler] = [c for c in executor.children()
+    # The process holding the model: SGLang's scheduler (engine runner) or rank 0 (TP instance runner);
+    # CPU ranks are forked by a forkserver, so they are the executor's grandchildren.
+    [scheduler] = [c for c in executor.children(recursive=True)
                    if any(tag in " ".join(c.cmdline()) for tag in ("sglang::scheduler", "tiertp::tp"))]
     return scheduler
 

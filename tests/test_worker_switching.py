@@ -115,7 +115,7 @@ def test_every_device_maps_one_weight_copy_for_all_its_tp_levels(agent, client):
     for ex in agent.executors():
         cmd = ex.cmdline()
         first = int(cmd[cmd.index("--first-device") + 1])
-        for child in ex.children():
+        for child in ex.children(recursive=True):  # ranks are the forkserver's children
             m = re.search(r"tiertp::tp\d+_rank(\d+)", " ".join(child.cmdline()))
             if not m:
                 continue
