@@ -15,15 +15,14 @@ Contract:
   process group has been killed (no orphans), SGLang's included;
 - a failure raises `IsolatedRunError` carrying the tail of the child's log.
 
-Inside such a child, `run_rank_processes` starts one process per TP rank (as
-SGLang's one_batch does) and waits for them all.
+Inside such a child, `tiertp.engine.rank_processes.run_rank_processes`
+starts one process per TP rank and waits for them all.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -162,25 +161,6 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
-
-
-def run_rank_processes(target: Callable[..., None], rank_args: list[tuple], what: str) -> None:
-    """Run `target(*rank_args[r])` in one spawned process per TP rank r and wait for all.
-
-    Spawned, not forked, as SGLang's one_batch starts its ranks: a forked
-    child cannot use CUDA once the parent has initialised it. Raises
-    RuntimeError naming every rank that exited non-zero; `what` (e.g.
-    "TP2 measurement") starts the message.
-    """
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=target, args=args) for args in rank_args]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    failed = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
-    if failed:
-        raise RuntimeError(f"{what}: rank processes failed (rank, exit code): {failed}")
 
 
 def _tail(log: Path) -> str:

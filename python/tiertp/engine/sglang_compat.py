@@ -144,7 +144,7 @@ _IMPORT_TIME_ENV = ("SGLANG_USE_CPU_ENGINE", "TORCHDYNAMO_DISABLE", "SGLANG_NCCL
 def prepare_cpu_import() -> None:
     """The import-time part of `apply` on CPU, for a process that imports
     SGLang before it knows the TP size, cores and devices it will serve (the
-    forkserver of CPU ranks, tiertp.execution.rank_preload). A process forked
+    forkserver of CPU ranks, tiertp.engine.rank_preload). A process forked
     from it still calls `apply`, which then sets the rest."""
     env = process_env("cpu", 1)
     os.environ.update({k: env[k] for k in _IMPORT_TIME_ENV})

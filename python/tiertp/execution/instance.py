@@ -15,10 +15,10 @@ raises InstanceFailed naming the rank and its exit code.
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 from tiertp.engine.models import resolve_model
+from tiertp.engine.rank_processes import rank_context
 from tiertp.execution import commands
 from tiertp.execution.errors import CommandRejected, ExecutionError, InstanceFailed
 from tiertp.execution.kv_io import ReadSlots, WriteSlots
@@ -62,20 +62,6 @@ class Pending:
         return self._value
 
 
-def _rank_processes(device: str):
-    """How rank processes start. CPU ranks fork from a forkserver that has
-    imported SGLang once (tiertp.execution.rank_preload); the forkserver
-    exits with this process, and a rank with its forkserver
-    (`die_with_parent`). CUDA ranks are spawned: a forked process cannot use
-    CUDA if its parent initialised it, and importing SGLang is not known to
-    leave CUDA alone."""
-    if device == "cpu":
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["tiertp.execution.rank_preload"])
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
 class TpInstance:
     """One model replica at TP `spec.tp`, owning its paged KV. See tiertp.execution."""
 
@@ -94,7 +80,7 @@ class TpInstance:
         if self._procs:
             raise RuntimeError("instance already started")
         model_path = str(resolve_model(self.spec.model))  # fail here, not in every rank
-        mp = _rank_processes(self.spec.device)
+        mp = rank_context(self.spec.device)
         parent, child = mp.Pipe()
         port = free_port()
         for rank in range(self.spec.tp):

@@ -22,7 +22,7 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
 
     Must run before anything in the process imports sglang (it applies
     tiertp.engine.sglang_compat first), unless the process was forked from
-    the CPU ranks' forkserver (tiertp.execution.rank_preload).
+    the CPU ranks' forkserver (tiertp.engine.rank_preload).
     """
     if spec.device == "cuda":
         sglang_compat.check_cuda_available()

@@ -39,7 +39,7 @@ import statistics
 import time
 
 from tiertp.engine import sglang_compat
-from tiertp.engine.isolated import run_rank_processes
+from tiertp.engine.rank_processes import run_rank_processes
 from tiertp.profiling.checkpoint import append_record
 from tiertp.profiling.grid import DECODE, PREFILL, Cell, Grid, prompt_lengths
 
@@ -81,7 +81,8 @@ def measure_level(job: dict) -> dict:
     if tp == 1:
         _rank_main(server_args, port_args, job, 0, 0)
     else:
-        run_rank_processes(_rank_main, [(server_args, port_args, job, r, r) for r in range(tp)], f"TP{tp} measurement")
+        run_rank_processes(_rank_main, [(server_args, port_args, job, r, r) for r in range(tp)],
+                           f"TP{tp} measurement", device)
     return {"measured": len(job["cells"])}
 
 

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from tiertp.engine import sglang_compat
-from tiertp.engine.isolated import run_rank_processes
+from tiertp.engine.rank_processes import run_rank_processes
 from tiertp.engine.models import resolve_model
 
 
@@ -48,7 +48,7 @@ def compare_level(job: dict) -> dict:
     with create_store(model_dir, job["levels"], device="cpu", dtype=kwargs["dtype"]) as store, \
             tempfile.TemporaryDirectory(prefix="tiertp-weights-verify-") as out:
         run_rank_processes(_rank_main, [(server_args, port_args, store.handle, job, r, out) for r in range(tp)],
-                           f"TP{tp} weight check")
+                           f"TP{tp} weight check", "cpu")
         ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(tp)]
     return {"tp": tp, "levels": list(job["levels"]), "blocks": store.layout.blocks,
             "store_bytes": store.layout.nbytes, **ranks[0]["outputs"], "ranks": [r["bind"] for r in ranks]}

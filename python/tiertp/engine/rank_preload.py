@@ -1,6 +1,6 @@
 """What a CPU rank imports before it loads its model, imported once per
-controller process by the forkserver that forks its CPU ranks
-(tiertp.execution.instance).
+process that starts ranks, by the forkserver that forks its CPU ranks
+(tiertp.engine.rank_processes).
 
 A spawned rank spent about 14 s of CPU importing SGLang (on a 2-core
 machine), every rank of every instance; a rank forked from the forkserver
@@ -14,7 +14,8 @@ import importlib
 
 from tiertp.engine import sglang_compat
 
-# What tiertp.execution.loader imports, and the model class of the embedded
+# What the ranks import (tiertp.execution.loader, the rank functions of
+# tiertp.profiling.measure and tiertp.weights.verify), and the model class of the embedded
 # models (Llama); SGLang imports other architectures at load time.
 _MODULES = (
     "sglang.benchmark.one_batch",
