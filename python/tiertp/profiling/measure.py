@@ -93,7 +93,7 @@ def _rank_main(server_args, port_args, job: dict, gpu_id: int, tp_rank: int) -> 
     from sglang.benchmark import one_batch
     from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
 
-    # As one_batch.latency_test: a spawned rank arrives with nothing published.
+    # As one_batch.latency_test: a new rank arrives with nothing published.
     publish(
         server_args,
         role="scheduler",
