@@ -1,11 +1,8 @@
 """What a CPU rank imports before it loads its model, imported once per
 process that starts ranks, by the forkserver that forks its CPU ranks
-(tiertp.engine.rank_processes).
-
-A spawned rank spent about 14 s of CPU importing SGLang (on a 2-core
-machine), every rank of every instance; a rank forked from the forkserver
-starts with it imported. Nothing here depends on an instance: each rank
-still applies its TP size, cores and devices (tiertp.execution.loader).
+(tiertp.engine.rank_processes says why). Nothing here depends on an
+instance: each rank still applies its TP size, cores and devices
+(tiertp.execution.loader).
 """
 
 from __future__ import annotations
