@@ -23,8 +23,13 @@ test: setup lint test-rust test-python  ## Everything CI runs
 test-rust:  ## Cargo tests (unit and property tests)
 	cargo test --workspace
 
-test-python:  ## Pytest suite against the built extension
-	$(BIN)/python -m pytest -q tests
+# The suite mostly waits on real servers and SGLang processes, so two workers
+# (whole modules each: a module's server starts once) finish it sooner even on
+# two cores; tests/conftest.py starts the `slow` modules first.
+PYTEST_WORKERS ?= 2
+
+test-python:  ## Pytest suite against the built extension (PYTEST_WORKERS=0: in one process)
+	$(BIN)/python -m pytest -q tests -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 bench: setup  ## All benchmarks, one JSON object each on stdout
 	$(BIN)/tiertp bench scheduler --json

@@ -32,6 +32,8 @@ from tiertp.worker.key_file import write_key_file
 from tiertp.worker.seal import TO_AGENT, ControlKey, Session
 from tiertp.ports import free_port
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 API_KEY = "sk-tier-secret-7f3a9c"
 WRONG_API_KEY = "sk-wrong-guess-51d2e0"

@@ -5,8 +5,12 @@ Engines run under tiertp.engine.isolated, never in the pytest process.
 
 from __future__ import annotations
 
+import pytest
+
 from tiertp.engine.isolated import run_isolated
 from tiertp.engine.smoke import generate
+
+pytestmark = pytest.mark.slow
 
 _TIMEOUT_S = 300
 

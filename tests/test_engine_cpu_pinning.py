@@ -15,6 +15,8 @@ import pytest
 
 from tiertp.engine import cpu_pinning
 
+pytestmark = pytest.mark.slow
+
 
 def test_parse_core_group():
     assert cpu_pinning.parse_core_group("1") == [1]

@@ -22,6 +22,8 @@ from tiertp.execution.records import NewRequest
 from tiertp.execution.records import Sampling
 from tiertp.execution.spec import InstanceSpec
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 20]
 NEW_TOKENS = 10

@@ -15,6 +15,8 @@ from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec
 
+pytestmark = pytest.mark.slow
+
 # Different lengths on purpose: one batch mixes short and long prompts.
 TINY_PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 20, list(range(500, 537))]
 NEW_TOKENS = 8

@@ -21,6 +21,8 @@ from tiertp.worker import protocol as P
 from tiertp.worker.gate import Gate
 from tiertp.worker.key_file import load_key_file, write_key_file
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 120
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tiertp.worker.key_file import KeyFileError, load_key_file, write_key_file
 
+pytestmark = pytest.mark.slow
+
 
 def tiertp(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tiertp.cli", *args], capture_output=True, text=True, timeout=120,

@@ -7,6 +7,8 @@ import pytest
 
 from tiertp.bench import BENCHES, kv_migration
 
+pytestmark = pytest.mark.slow
+
 KEYS = ("per_page_s", "aggregate_s", "pipelined_s", "pipelined_gbps", "contiguous_gbps")
 
 

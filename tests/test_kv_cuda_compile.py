@@ -10,6 +10,8 @@ import pytest
 from tiertp.kv.kernels.cuda import ARCHS, build_extension, pip_cuda_root
 from tiertp.kv.kernels.paths import kernel_dir
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cuda_root():

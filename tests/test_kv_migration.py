@@ -15,6 +15,8 @@ from kv_harness import Scenario, run_world
 
 from tiertp.kv import KVShape, Layout, RequestKV, assign_destinations, plan_migration
 
+pytestmark = pytest.mark.slow
+
 WORLD = 4
 
 

@@ -13,6 +13,8 @@ import pytest
 
 from tiertp.profiling import checkpoint, grid, runner
 
+pytestmark = pytest.mark.slow
+
 _TIMEOUT_S = 420
 
 

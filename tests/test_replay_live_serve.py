@@ -18,6 +18,8 @@ from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
 from tiertp.fidelity.serve_process import ServeProcess
 from tiertp.profile_source import SYNTHETIC
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 600
 WORKLOAD = ["--trace", "azure-conv", "--tier-fractions", "chat=0.5,agent=0.5", "--tiers", str(TIERS_CPU_TWO_TIER),
             "--max-prompt-tokens", "48", "--max-output-tokens", "6", "--no-progress"]

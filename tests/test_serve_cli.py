@@ -13,6 +13,8 @@ import pytest
 
 from tiertp.profiles import resolve
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 120
 
 

@@ -23,6 +23,8 @@ from tiertp.worker.stats_query import ask_stats
 from tiertp.ports import free_port
 from tier_files import tier_text
 
+pytestmark = pytest.mark.slow
+
 TIERS = tier_text("serve-control")
 KEYS = {"chat": "sk-chat", "agent": "sk-agent"}
 WAIT_S = 120

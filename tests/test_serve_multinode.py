@@ -31,6 +31,8 @@ from tiertp.worker.stats_query import StatsUnanswered, ask_stats
 from tiertp.ports import free_port
 from tier_files import tier_text
 
+pytestmark = pytest.mark.slow
+
 TIERS = tier_text("serve-multinode")
 KEY = "sk-chat"
 CLIENTS = 4

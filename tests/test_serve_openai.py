@@ -18,6 +18,8 @@ import openai
 import psutil
 import pytest
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 KEY = "sk-tiertp-chat"
 START_TIMEOUT_S = 300

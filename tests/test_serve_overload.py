@@ -20,6 +20,8 @@ import pytest
 from test_serve_control import started_with_tiers
 from tier_files import tier_text
 
+pytestmark = pytest.mark.slow
+
 TIERS = tier_text("serve-overload")
 BURST = 48
 

@@ -22,6 +22,8 @@ from test_serve_control import agent_stats, gateway_plan, started_with_tiers
 from test_serve_openai import MODEL
 from tier_files import tier_text
 
+pytestmark = pytest.mark.slow
+
 TIERS = tier_text("serve-tp-switching")
 WAIT_S = 180
 PROMPT = "the quick brown fox"

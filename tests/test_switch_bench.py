@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from tiertp.bench import BENCHES, switch
+
+pytestmark = pytest.mark.slow
 
 
 def test_bench_is_registered():

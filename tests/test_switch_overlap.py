@@ -48,6 +48,8 @@ from tiertp.worker.executor import ExecutionLoop
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.runner import StepInput, StepOutput, SwitchableStepRunner
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 HANDED = {"h0": [1, 2, 3, 4, 5], "h1": [100, 200, 300]}  # prefilled on the source, then handed off
 STAYS = {"stays": [9, 8, 7, 6]}  # decodes on the source all along

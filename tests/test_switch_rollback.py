@@ -21,6 +21,8 @@ from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec
 from tiertp.switching import SwitchCoordinator, SwitchRolledBack
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 20]
 NEW_TOKENS = 8

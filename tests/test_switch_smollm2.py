@@ -8,12 +8,16 @@ Two instances (4 rank processes) of the real checkpoint, float32.
 
 from __future__ import annotations
 
+import pytest
+
 from tiertp.engine.models import resolve_model
 from tiertp.execution.driver import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec
 from tiertp.switching import SwitchCoordinator
+
+pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
 TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village by the sea,"]

@@ -19,6 +19,8 @@ from tiertp.execution.spec import InstanceSpec
 from tiertp.switching import STORE_SHARING, WEIGHT_BINDER, SwitchCoordinator
 from tiertp.weights import create_store
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 # Three lengths with chunked prefill (8 tokens an iteration): at the first
 # switch the 20-token prompt has not started its prefill (it moves as

@@ -19,6 +19,8 @@ import pytest
 from tiertp.engine.isolated import run_isolated
 from tiertp.weights.verify import compare_level
 
+pytestmark = pytest.mark.slow
+
 _TIMEOUT_S = 600
 PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 1404, 2], [9856, 28, 253, 1215, 30, 2115, 11, 923, 17, 4]]
 

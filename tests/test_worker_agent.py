@@ -21,6 +21,8 @@ from agent_harness import MAX_TOKENS, AgentProcess, _submit, client, stop_agent
 from tiertp.engine.isolated import run_isolated
 from tiertp.worker.reference import generate_ids
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 PROMPTS = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 20]
 

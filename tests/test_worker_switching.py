@@ -22,6 +22,8 @@ from agent_harness import AgentProcess, Client, _submit, client, stop_agent
 from tiertp.engine.isolated import run_isolated
 from tiertp.worker.reference import generate_ids
 
+pytestmark = pytest.mark.slow
+
 MODEL = "tiny-llama"
 KV_TOKENS = 192  # per process: two 100-token requests fit in TP1 each, not together in TP2
 SHORT = [[1, 2, 3, 4, 5], [100, 200, 300], [42] * 8, [7, 8, 9, 10]]
