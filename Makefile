@@ -23,9 +23,10 @@ test: setup lint test-rust test-python  ## Everything CI runs
 test-rust:  ## Cargo tests (unit and property tests)
 	cargo test --workspace
 
-# The suite mostly waits on real servers and SGLang processes, so two workers
-# (whole modules each: a module's server starts once) finish it sooner even on
-# two cores; tests/conftest.py starts the `slow` modules first.
+# In one process the suite leaves the cores partly idle while it waits on real
+# servers and SGLang processes; two workers (whole modules each: a module's
+# server starts once) keep a 2-core host busy and finish sooner, and more do
+# not help there. tests/conftest.py starts the `slow` modules first.
 PYTEST_WORKERS ?= 2
 
 test-python:  ## Pytest suite against the built extension (PYTEST_WORKERS=0: in one process)
