@@ -19,20 +19,11 @@ KvCopyArgs make_args(const torch::Tensor& buffer_ptrs, const torch::Tensor& page
   TORCH_CHECK(buffer_ptrs.numel() == staging.size(0) * 2, "need one K and one V buffer per layer");
   TORCH_CHECK(staging.size(2) == page_ids.numel() && staging.size(3) == page_size, "staging/page mismatch");
   TORCH_CHECK(head_start >= 0 && head_start + staging.size(4) <= heads, "head range outside the pool");
-  KvCopyArgs a;
-  a.buffer_ptrs = buffer_ptrs.data_ptr<int64_t>();
-  a.num_buffers = buffer_ptrs.numel();
-  a.page_ids = page_ids.data_ptr<int64_t>();
-  a.n_pages = page_ids.numel();
-  a.page_size = page_size;
-  a.heads = heads;
-  a.head_dim = head_dim;
-  a.head_start = head_start;
-  a.head_count = staging.size(4);
-  a.elem_size = staging.element_size();
-  a.pointer_alignment = pointer_alignment;
-  a.staging = staging.data_ptr();
-  return a;
+  return KvCopyArgs{
+      .buffer_ptrs = buffer_ptrs.data_ptr<int64_t>(), .num_buffers = buffer_ptrs.numel(),
+      .page_ids = page_ids.data_ptr<int64_t>(), .n_pages = page_ids.numel(), .page_size = page_size,
+      .heads = heads, .head_dim = head_dim, .head_start = head_start, .head_count = staging.size(4),
+      .elem_size = staging.element_size(), .pointer_alignment = pointer_alignment, .staging = staging.data_ptr()};
 }
 
 void gather(torch::Tensor buffer_ptrs, torch::Tensor page_ids, int64_t page_size, int64_t heads, int64_t head_dim,
@@ -63,22 +54,13 @@ void copy_pages(torch::Tensor src_ptrs, torch::Tensor dst_ptrs, torch::Tensor sr
                   dst_head_start + head_count <= dst_heads,
               "copy_pages: head range outside a pool");
   const c10::cuda::CUDAGuard guard(src_ptrs.device());
-  KvPoolCopyArgs a;
-  a.src_ptrs = src_ptrs.data_ptr<int64_t>();
-  a.dst_ptrs = dst_ptrs.data_ptr<int64_t>();
-  a.num_buffers = src_ptrs.numel();
-  a.src_ids = src_ids.data_ptr<int64_t>();
-  a.dst_ids = dst_ids.data_ptr<int64_t>();
-  a.n_pages = src_ids.numel();
-  a.page_size = page_size;
-  a.src_heads = src_heads;
-  a.dst_heads = dst_heads;
-  a.head_dim = head_dim;
-  a.src_head_start = src_head_start;
-  a.dst_head_start = dst_head_start;
-  a.head_count = head_count;
-  a.elem_size = elem_size;
-  a.pointer_alignment = pointer_alignment;
+  const KvPoolCopyArgs a{
+      .src_ptrs = src_ptrs.data_ptr<int64_t>(), .dst_ptrs = dst_ptrs.data_ptr<int64_t>(),
+      .num_buffers = src_ptrs.numel(),
+      .src_ids = src_ids.data_ptr<int64_t>(), .dst_ids = dst_ids.data_ptr<int64_t>(), .n_pages = src_ids.numel(),
+      .page_size = page_size, .src_heads = src_heads, .dst_heads = dst_heads, .head_dim = head_dim,
+      .src_head_start = src_head_start, .dst_head_start = dst_head_start, .head_count = head_count,
+      .elem_size = elem_size, .pointer_alignment = pointer_alignment};
   C10_CUDA_CHECK(kv_copy_pages(a, at::cuda::getCurrentCUDAStream()));
 }
 

@@ -69,7 +69,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tiertp.worker.key_file import require_key_file
 
-    key = require_key_file(args.key_file, "the agents hear only a gateway holding their control-plane key")
     try:
         nodes = cluster_workers(args.cluster, args.worker)
         check_tp_levels(tuple(args.tp_levels))
@@ -82,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.profile == MEASURED:
         raise ServeInputError(f"--profile {MEASURED}: the gateway has no devices of its own to measure; give a "
                               f"profile of the agents' machines (`tiertp profile` there) or {SYNTHETIC}")
+    key = require_key_file(args.key_file, "the agents hear only a gateway holding their control-plane key")
     settings = gateway_settings(args)
     devices = sum(n.devices for n in nodes)
     with stop_on_signals() as stop:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from tiertp.engine.isolated import IsolatedRunError
@@ -41,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="smollm2-135m",
         help=f"model directory (HF safetensors) or embedded model: {', '.join(EMBEDDED_MODELS)} (default: %(default)s)",
     )
-    parser.add_argument("--tp", type=_tp_list, default=[1], help="comma-separated TP levels, e.g. 1,2,4 (default: 1)")
+    parser.add_argument("--tp", dest="tp_levels", type=_tp_list, default=[1], metavar="TP",
+                        help="comma-separated TP levels, e.g. 1,2,4 (default: 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="where to run the engine (default: %(default)s)")
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
     parser.add_argument("--quick", action="store_true", help="a small grid (minutes, not hours)")
@@ -51,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "so the table compares TP levels; `tiertp serve` measures with its cores per device)")
     parser.add_argument("--gpu", help="value of the profile's gpu field (default: cpu, or the CUDA device name)")
     parser.add_argument(
-        "--level-timeout", type=float, default=3600.0, metavar="S", help="give up on a TP level after S seconds"
+        "--level-timeout", dest="level_timeout_s", type=float, default=3600.0, metavar="S",
+        help="give up on a TP level after S seconds",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -59,17 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tiertp.profiling.runner import ProfileRequest, run_profile
 
-    req = ProfileRequest(
-        model=args.model,
-        tp_levels=args.tp,
-        device=args.device,
-        out=args.out,
-        quick=args.quick,
-        restart=args.restart,
-        gpu=args.gpu,
-        level_timeout_s=args.level_timeout,
-        cores_per_rank=args.cores_per_rank,
-    )
+    # Every option is named after the ProfileRequest field it sets (its dest).
+    req = ProfileRequest(**{f.name: getattr(args, f.name) for f in fields(ProfileRequest) if hasattr(args, f.name)})
     try:
         doc = run_profile(req, progress_bar=not args.no_progress)
     except DeviceUnavailable as e:

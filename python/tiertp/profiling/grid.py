@@ -122,38 +122,12 @@ CPU_CORES_PER_RANK = 1
 # SmolLM2-135M and still span what a served request does (prompts up to
 # 1024 tokens, decode batches up to 16): `tiertp serve` plans with one.
 GRIDS: dict[tuple[str, bool], Grid] = {
-    ("cpu", False): Grid(
-        prefill_batch_tokens=(16, 64, 256, 1024),
-        prefill_batch_size=(1, 2, 4, 8),
-        decode_batch_size=(1, 2, 4, 8, 16),
-        decode_context_len=(64, 256, 1024),
-        warmup=1,
-        repeats=3,
-    ),
-    ("cpu", True): Grid(
-        prefill_batch_tokens=(8, 128, 1024),
-        prefill_batch_size=(1, 4),
-        decode_batch_size=(1, 4, 16),
-        decode_context_len=(32, 1024),
-        warmup=1,
-        repeats=2,
-    ),
-    ("cuda", False): Grid(
-        prefill_batch_tokens=(128, 512, 1024, 2048, 4096, 8192, 16384),
-        prefill_batch_size=(1, 2, 4, 8, 16, 32),
-        decode_batch_size=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-        decode_context_len=(128, 512, 1024, 2048, 4096, 8192),
-        warmup=2,
-        repeats=5,
-    ),
-    ("cuda", True): Grid(
-        prefill_batch_tokens=(128, 1024, 4096),
-        prefill_batch_size=(1, 4),
-        decode_batch_size=(1, 8, 32),
-        decode_context_len=(128, 1024),
-        warmup=1,
-        repeats=3,
-    ),
+    # key: Grid(prefill_batch_tokens, prefill_batch_size, decode_batch_size, decode_context_len, warmup, repeats)
+    ("cpu", False): Grid((16, 64, 256, 1024), (1, 2, 4, 8), (1, 2, 4, 8, 16), (64, 256, 1024), 1, 3),
+    ("cpu", True): Grid((8, 128, 1024), (1, 4), (1, 4, 16), (32, 1024), 1, 2),
+    ("cuda", False): Grid((128, 512, 1024, 2048, 4096, 8192, 16384), (1, 2, 4, 8, 16, 32),
+                          (1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 512, 1024, 2048, 4096, 8192), 2, 5),
+    ("cuda", True): Grid((128, 1024, 4096), (1, 4), (1, 8, 32), (128, 1024), 1, 3),
 }
 
 
