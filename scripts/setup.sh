@@ -12,15 +12,22 @@ fi
 stamp="$VENV/.requirements.sha"
 want=$(cat requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24,<26"
-    "$VENV/bin/python" -m pip install --quiet -r requirements/python.txt
+    "$VENV/bin/python" -m pip install --quiet -r requirements/installer.txt
+    # Copies, not links into uv's cache: the venv owns its files, as with pip.
+    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --link-mode=copy)
+    if [ -n "${PIP_FIND_LINKS:-}" ]; then
+        install+=(--find-links "$PIP_FIND_LINKS")
+    fi
+    # pip stays in the venv for maturin, which installs the package with it.
+    "${install[@]}" "pip>=24,<26"
+    "${install[@]}" -r requirements/python.txt
     if grep -qvE '^\s*(#|$)' requirements/no-deps.txt; then
-        "$VENV/bin/python" -m pip install --quiet --no-deps -r requirements/no-deps.txt
+        "${install[@]}" --no-deps -r requirements/no-deps.txt
     fi
     # The lint tools (pyproject.toml's `dev` extra), without building the package for them.
     mapfile -t dev < <("$VENV/bin/python" -c 'import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]))')
-    "$VENV/bin/python" -m pip install --quiet "${dev[@]}"
+    "${install[@]}" "${dev[@]}"
     echo "$want" > "$stamp"
     rm -f "$VENV/.tiertp-installed"
 fi
