@@ -112,6 +112,9 @@ def test_planner_input_errors(profile, tiers):
         s.Planner(profile, tiers)
     with pytest.raises(s.PlanError, match="has 9 GPUs"):
         s.Planner(profile, tiers, nodes=[9])
+    for per_node in (0, 9):
+        with pytest.raises(s.PlanError, match=f"gpus_per_node = {per_node}: a node must have 1 to 8 GPUs"):
+            s.Planner(profile, tiers, gpus=8, gpus_per_node=per_node)
     with pytest.raises(s.PlanError, match="hysteresis"):
         s.Planner(profile, tiers, gpus=8, hysteresis=-1.0)
     planner = s.Planner(profile, tiers, gpus=8)

@@ -17,6 +17,7 @@ from collections import Counter
 import numpy as np
 
 from tiertp import _scheduler
+from tiertp.commands.number_types import positive_int
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.profile_source import add_profile_arguments, load_profile
 
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the control loop on embedded defaults", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_profile_arguments(p)
-    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--gpus", type=positive_int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 

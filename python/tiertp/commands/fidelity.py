@@ -27,6 +27,7 @@ from pathlib import Path
 from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
                                             add_output_switch_arguments, live_client_settings, output_settings,
                                             workload_settings)
+from tiertp.commands.number_types import non_negative_float, positive_float, positive_int
 from tiertp.commands.worker import parse_tp_levels
 
 
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_length_cap_arguments(w)
     c = p.add_argument_group("system")
     c.add_argument("--model", default="smollm2-135m", help="embedded model or model dir (default %(default)s)")
-    c.add_argument("--devices", type=int, default=2, help="devices of the started server (default %(default)s)")
+    c.add_argument("--devices", type=positive_int, default=2, help="devices of the started server (default %(default)s)")
     c.add_argument("--tp-levels", type=parse_tp_levels, metavar="L1,L2,...",
                    help="TP levels to profile, serve (tiertp serve --tp-levels) and simulate, e.g. 1,2: the "
                         "gateway's planner and the simulator plan over exactly these (powers of two including 1, "
@@ -70,9 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--quick-profile", action="store_true", help="tiertp profile --quick (a tiny grid; tests only)")
     c.add_argument("--sim-policy", default="tiertp",
                    help="simulator policies to compare, comma list; the first is the prediction (default %(default)s)")
-    c.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
+    c.add_argument("--window", type=positive_float, default=DEFAULT_WINDOW_S, metavar="S",
                    help="simulator control window (default: the gateway's, %(default)s s)")
-    c.add_argument("--iteration-overhead-ms", type=float, default=0.0, metavar="MS",
+    c.add_argument("--iteration-overhead-ms", type=non_negative_float, default=0.0, metavar="MS",
                    help="add MS to every profile cell for the simulator (a step-runner overhead; default 0)")
     o = p.add_argument_group("client and output")
     add_client_limit_arguments(o)
@@ -80,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="unloaded probe: N requests per tier sent one at a time before the loads (default 2; 0: none)")
     o.add_argument("--no-calibrate", action="store_true",
                    help="skip the calibrated prediction (the profile scaled by the probe's measured/predicted TPOT)")
-    o.add_argument("--cooldown", type=float, default=5.0, metavar="S", help="pause between loads (default 5)")
+    o.add_argument("--cooldown", type=non_negative_float, default=5.0, metavar="S", help="pause between loads (default 5)")
     o.add_argument("--out", type=Path, default=Path("fidelity"), help="output folder (default fidelity/)")
     add_output_switch_arguments(o)
     p.set_defaults(func=run)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT, SAMPLING_DEFAULTS
+from tiertp.commands.number_types import positive_float
 from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
@@ -42,7 +43,7 @@ def add_gateway_options(p: argparse.ArgumentParser, model_help: str, tp_levels_h
     p.add_argument("--profile", default=profile_default,
                    help=f"TP performance profile JSON the planner uses (e.g. written by `tiertp profile`), "
                         f"or '{SYNTHETIC}' for the analytic model{profile_help} (default: {profile_default})")
-    p.add_argument("--window", type=float, default=None, metavar="S",
+    p.add_argument("--window", type=positive_float, default=None, metavar="S",
                    help="control window in seconds, 0.25-5: the planner runs and worker health is polled this "
                         "often (default: the gateway's)")
     p.add_argument("--sampling-defaults", choices=SAMPLING_DEFAULTS, default="model",

@@ -7,22 +7,12 @@ from __future__ import annotations
 
 import argparse
 
+from tiertp.commands.number_types import positive_float, positive_floats
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.tier_configs import resolve_tiers
 from tiertp.replay.workload import DEFAULT_TIER_MAP, TierRule
 from tiertp.traces import NAMED_TRACES
-
-
-def positive_floats(spec: str) -> list[float]:
-    """argparse type: comma-separated numbers, each > 0."""
-    try:
-        values = [float(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {spec!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected numbers > 0, got {spec!r}")
-    return values
 
 
 def add_load_arguments(group, *, tiers_default: str | None, tiers_help: str, loads_required: bool,
@@ -48,7 +38,7 @@ def add_load_arguments(group, *, tiers_default: str | None, tiers_help: str, loa
                 "trace) offers each rate on average")
     group.add_argument("--rps", type=positive_floats, required=loads_required, metavar="R1,R2,...",
                        help=rps_help if loads_required else rps_help + " (default: as recorded)")
-    group.add_argument("--duration", type=float, required=loads_required, metavar="S",
+    group.add_argument("--duration", type=positive_float, required=loads_required, metavar="S",
                        help="replay the first S seconds of each load" + ("" if loads_required else " (default: all)"))
     group.add_argument("--seed", type=int, default=0,
                        help="seed for synthetic traces, tier fractions and the simulator")

@@ -7,6 +7,7 @@ import argparse
 import json
 
 from tiertp import _scheduler
+from tiertp.commands.number_types import positive_int
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.profile_source import add_profile_arguments, load_profile
 
@@ -28,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan GPUs for given per-tier loads (prints JSON)", description=__doc__)
     add_profile_arguments(p)
     p.add_argument("--tiers", default=str(DEFAULT_TIERS), help="tier TOML (default: embedded example tiers)")
-    p.add_argument("--gpus", type=int, default=8, help="number of GPUs (default 8)")
-    p.add_argument("--gpus-per-node", type=int, default=_scheduler.DEFAULT_GPUS_PER_NODE, help="default: %(default)s")
+    p.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs (default 8)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=_scheduler.DEFAULT_GPUS_PER_NODE, help="default: %(default)s")
     p.add_argument("--load", action="append", default=[], metavar="TIER=RATE[:PROMPT[:OUTPUT]]",
                    help="observed load of a tier; unlisted tiers get rate 0")
     p.add_argument("--estimates", action="store_true", help="include per-tier estimates")

@@ -36,6 +36,7 @@ from tiertp._scheduler import DEFAULT_GPUS_PER_NODE, DEFAULT_WINDOW_S
 from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
                                             add_output_switch_arguments, live_client_settings, output_settings,
                                             workload_settings)
+from tiertp.commands.number_types import non_negative_float, positive_float, positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
 from tiertp.replay import ablation, presets
 from tiertp.replay.driver import ReplayConfig, replay
@@ -67,13 +68,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                        loads_required=False, traces_required=False)
     c = p.add_argument_group("cluster")
     add_profile_arguments(p)
-    c.add_argument("--gpus", type=int, help=f"default: {DEFAULTS['gpus']}")
-    c.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE, help="default: %(default)s")
+    c.add_argument("--gpus", type=positive_int, help=f"default: {DEFAULTS['gpus']}")
+    c.add_argument("--gpus-per-node", type=positive_int, default=DEFAULT_GPUS_PER_NODE, help="default: %(default)s")
     c.add_argument("--policies", help=f"'{ALL}' or a comma list of simulator policies (default: {DEFAULTS['policies']})")
-    c.add_argument("--window", type=float, default=DEFAULT_WINDOW_S, metavar="S",
+    c.add_argument("--window", type=positive_float, default=DEFAULT_WINDOW_S, metavar="S",
                    help="control window (s; default: %(default)s)")
-    c.add_argument("--switch-ms", type=float, help="TP switch stop time (default: the simulator's)")
-    c.add_argument("--kv-gbps", type=float, help="KV transfer bandwidth, GB/s (default: the simulator's)")
+    c.add_argument("--switch-ms", type=non_negative_float, help="TP switch stop time (default: the simulator's)")
+    c.add_argument("--kv-gbps", type=positive_float, help="KV transfer bandwidth, GB/s (default: the simulator's)")
     lv = p.add_argument_group("live replay (--live)")
     lv.add_argument("--live", metavar="URL", help="replay against this running server (e.g. http://127.0.0.1:8000/v1) "
                     "instead of the simulator; --tiers must be the server's (API keys)")

@@ -18,6 +18,8 @@ pub enum TopologyError {
     BadNodeSize { node: usize, gpus: u32 },
     #[error("a cluster needs at least one node")]
     Empty,
+    #[error("gpus_per_node = {0}: a node must have 1 to {MAX_GPUS_PER_NODE} GPUs")]
+    BadGpusPerNode(u32),
     #[error("TP group at GPU {first} of size {tp}: {reason}")]
     BadGroup { first: u32, tp: u32, reason: String },
 }
@@ -53,7 +55,9 @@ impl Cluster {
         if gpus == 0 {
             return Err(TopologyError::Empty);
         }
-        let per_node = per_node.clamp(1, MAX_GPUS_PER_NODE);
+        if per_node == 0 || per_node > MAX_GPUS_PER_NODE {
+            return Err(TopologyError::BadGpusPerNode(per_node));
+        }
         let mut sizes = vec![per_node; (gpus / per_node) as usize];
         if gpus % per_node != 0 {
             sizes.push(gpus % per_node);
@@ -306,6 +310,18 @@ mod tests {
         assert!(c.check_group(14, 1).unwrap_err().to_string().contains("does not exist"));
         assert!(Cluster::new(vec![9]).is_err());
         assert!(Cluster::new(vec![]).is_err());
+    }
+
+    #[test]
+    fn uniform_nodes_take_the_remainder_and_refuse_impossible_sizes() {
+        assert_eq!(Cluster::uniform(12, 8).unwrap().node_sizes(), &[8, 4]);
+        assert_eq!(Cluster::uniform(3, 2).unwrap().node_sizes(), &[2, 1]);
+        for per_node in [0, MAX_GPUS_PER_NODE + 1] {
+            let e = Cluster::uniform(8, per_node).unwrap_err();
+            assert_eq!(e, TopologyError::BadGpusPerNode(per_node));
+            assert!(e.to_string().contains(&format!("gpus_per_node = {per_node}")), "{e}");
+        }
+        assert_eq!(Cluster::uniform(0, 8).unwrap_err(), TopologyError::Empty);
     }
 
     #[test]
