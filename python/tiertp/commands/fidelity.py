@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_length_cap_arguments(w)
     c = p.add_argument_group("system")
     c.add_argument("--model", default="smollm2-135m", help="embedded model or model dir (default %(default)s)")
-    c.add_argument("--devices", type=positive_int, default=2, help="devices of the started server (default %(default)s)")
+    c.add_argument("--devices", type=positive_int, default=2,
+                   help="devices of the started server (default %(default)s)")
     c.add_argument("--tp-levels", type=parse_tp_levels, metavar="L1,L2,...",
                    help="TP levels to profile, serve (tiertp serve --tp-levels) and simulate, e.g. 1,2: the "
                         "gateway's planner and the simulator plan over exactly these (powers of two including 1, "
@@ -81,7 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="unloaded probe: N requests per tier sent one at a time before the loads (default 2; 0: none)")
     o.add_argument("--no-calibrate", action="store_true",
                    help="skip the calibrated prediction (the profile scaled by the probe's measured/predicted TPOT)")
-    o.add_argument("--cooldown", type=non_negative_float, default=5.0, metavar="S", help="pause between loads (default 5)")
+    o.add_argument("--cooldown", type=non_negative_float, default=5.0, metavar="S",
+                   help="pause between loads (default 5)")
     o.add_argument("--out", type=Path, default=Path("fidelity"), help="output folder (default fidelity/)")
     add_output_switch_arguments(o)
     p.set_defaults(func=run)

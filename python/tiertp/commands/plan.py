@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_profile_arguments(p)
     p.add_argument("--tiers", default=str(DEFAULT_TIERS), help="tier TOML (default: embedded example tiers)")
     p.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs (default 8)")
-    p.add_argument("--gpus-per-node", type=positive_int, default=_scheduler.DEFAULT_GPUS_PER_NODE, help="default: %(default)s")
+    p.add_argument("--gpus-per-node", type=positive_int, default=_scheduler.DEFAULT_GPUS_PER_NODE,
+                   help="default: %(default)s")
     p.add_argument("--load", action="append", default=[], metavar="TIER=RATE[:PROMPT[:OUTPUT]]",
                    help="observed load of a tier; unlisted tiers get rate 0")
     p.add_argument("--estimates", action="store_true", help="include per-tier estimates")
