@@ -14,7 +14,10 @@ want=$(cat requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$VENV/bin/python" -m pip install --quiet -r requirements/installer.txt
     # Copies, not links into uv's cache: the venv owns its files, as with pip.
-    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --link-mode=copy)
+    # Bytecode compiled now, as pip does: with PYTHONDONTWRITEBYTECODE set no
+    # process writes it later, and every SGLang, torch or transformers import
+    # in every rank, engine and test process would compile them again.
+    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --link-mode=copy --compile-bytecode)
     if [ -n "${PIP_FIND_LINKS:-}" ]; then
         install+=(--find-links "$PIP_FIND_LINKS")
     fi
