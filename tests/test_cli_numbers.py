@@ -21,6 +21,8 @@ REPLAY = ["replay", "--trace", "azure-conv", "--rps", "1", "--duration", "5", "-
     ([*REPLAY, "--duration", "0"], "--duration", "a number > 0"),
     (["replay", "--trace", "azure-conv", "--rps", "1,inf", "--duration", "5"], "--rps", "numbers > 0"),
     (["serve", "--window", "-1"], "--window", "a number > 0"),
+    (["profile", "--out", "p.json", "--level-timeout", "0"], "--level-timeout", "a number > 0"),
+    (["profile", "--out", "p.json", "--cores-per-rank", "0"], "--cores-per-rank", "a whole number >= 1"),
     (["fidelity", "--devices", "0", "--trace", "azure-conv", "--rps", "1", "--duration", "5"], "--devices",
      "a whole number >= 1"),
 ])

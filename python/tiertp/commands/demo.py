@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 
 from tiertp import _scheduler
-from tiertp.commands.number_types import positive_int
+from tiertp.number_types import positive_int
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.profile_source import add_profile_arguments, load_profile
 

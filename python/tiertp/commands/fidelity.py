@@ -27,7 +27,7 @@ from pathlib import Path
 from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
                                             add_output_switch_arguments, live_client_settings, output_settings,
                                             workload_settings)
-from tiertp.commands.number_types import non_negative_float, positive_float, positive_int
+from tiertp.number_types import non_negative_float, positive_float, positive_int
 from tiertp.commands.worker import parse_tp_levels
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT, SAMPLING_DEFAULTS
-from tiertp.commands.number_types import positive_float
+from tiertp.number_types import positive_float
 from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from tiertp.commands.number_types import positive_float, positive_floats
+from tiertp.number_types import positive_float, positive_floats
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.tier_configs import resolve_tiers

@@ -36,7 +36,7 @@ from tiertp._scheduler import DEFAULT_GPUS_PER_NODE, DEFAULT_WINDOW_S
 from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
                                             add_output_switch_arguments, live_client_settings, output_settings,
                                             workload_settings)
-from tiertp.commands.number_types import non_negative_float, positive_float, positive_int
+from tiertp.number_types import non_negative_float, positive_float, positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
 from tiertp.replay import ablation, presets
 from tiertp.replay.driver import ReplayConfig, replay

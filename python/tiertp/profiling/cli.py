@@ -16,6 +16,7 @@ from pathlib import Path
 from tiertp.engine.isolated import IsolatedRunError
 from tiertp.engine.models import EMBEDDED_MODELS
 from tiertp.engine.sglang_compat import DEVICES, DeviceUnavailable
+from tiertp.number_types import positive_float, positive_int
 from tiertp.profiling.grid import CPU_CORES_PER_RANK, parse_tp_list
 
 
@@ -24,16 +25,6 @@ def _tp_list(text: str) -> list[int]:
         return parse_tp_list(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,12 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
     parser.add_argument("--quick", action="store_true", help="a small grid (minutes, not hours)")
     parser.add_argument("--restart", action="store_true", help="discard a partial run's checkpoint instead of resuming")
-    parser.add_argument("--cores-per-rank", type=_positive_int, default=CPU_CORES_PER_RANK, metavar="N",
+    parser.add_argument("--cores-per-rank", type=positive_int, default=CPU_CORES_PER_RANK, metavar="N",
                         help="CPU: cores each TP rank runs on (default %(default)s: a core stands in for a device, "
                              "so the table compares TP levels; `tiertp serve` measures with its cores per device)")
     parser.add_argument("--gpu", help="value of the profile's gpu field (default: cpu, or the CUDA device name)")
     parser.add_argument(
-        "--level-timeout", dest="level_timeout_s", type=float, default=3600.0, metavar="S",
+        "--level-timeout", dest="level_timeout_s", type=positive_float, default=3600.0, metavar="S",
         help="give up on a TP level after S seconds",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
