@@ -47,6 +47,19 @@ def test_profile_clamps_with_a_warning(profile, caplog):
     assert any("outside the profiled range" in r.getMessage() for r in caplog.records)
 
 
+def test_profile_clamps_below_an_axis_quietly(profile, caplog):
+    """Below an axis the edge's value bounds the query from above (less work):
+    clamped, counted, but no warning (the planner probes one-token prompts)."""
+    before = profile.clamped_queries()
+    with caplog.at_level("WARNING"):
+        near = profile.decode_ms(1, 1, 1)
+    low_edge = json.loads(profile.to_json())["tp_levels"]["1"]["decode"]["context_len"][0]
+    assert low_edge > 1
+    assert near == profile.decode_ms(1, 1, low_edge)
+    assert profile.clamped_queries() == before + 1
+    assert not [r for r in caplog.records if "outside the profiled range" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     "mutate, expected",
     [

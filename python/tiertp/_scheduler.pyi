@@ -14,6 +14,10 @@ DISPATCH_CLASSES: list[str]
 # cluster given as a GPU count, and where the gateway listens.
 DEFAULT_WINDOW_S: float
 DEFAULT_GPUS_PER_NODE: int
+# The request the control loop assumes for a tier it has not seen yet
+# (prompt and output tokens): what a plan made at start-up is sized for.
+PRIOR_PROMPT_TOKENS: float
+PRIOR_OUTPUT_TOKENS: float
 # The most GPUs (devices) one node, i.e. one agent, may have.
 MAX_GPUS_PER_NODE: int
 DEFAULT_GATEWAY_HOST: str

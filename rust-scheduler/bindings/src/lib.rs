@@ -47,6 +47,8 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SIM_POLICY_SETTINGS", settings)?;
     m.add("DEFAULT_WINDOW_S", tiertp_scheduler::defaults::WINDOW_S)?;
     m.add("DEFAULT_GPUS_PER_NODE", tiertp_scheduler::defaults::GPUS_PER_NODE)?;
+    m.add("PRIOR_PROMPT_TOKENS", tiertp_scheduler::defaults::PRIOR_PROMPT_TOKENS)?;
+    m.add("PRIOR_OUTPUT_TOKENS", tiertp_scheduler::defaults::PRIOR_OUTPUT_TOKENS)?;
     m.add("MAX_GPUS_PER_NODE", tiertp_scheduler::topology::MAX_GPUS_PER_NODE)?;
     let bind = tiertp_gateway::config::DEFAULT_BIND;
     m.add("DEFAULT_GATEWAY_HOST", bind.ip().to_string())?;

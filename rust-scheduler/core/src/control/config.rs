@@ -15,7 +15,7 @@ pub struct ControlConfig {
     /// bursty tier that pauses for a few seconds keeps its GPUs.
     pub memory_s: f64,
     /// Prompt and output lengths assumed for a tier before it has seen a
-    /// request (a chat-like turn).
+    /// request.
     pub prior_prompt_tokens: f64,
     pub prior_output_tokens: f64,
 }
@@ -27,8 +27,8 @@ impl Default for ControlConfig {
             window_s: crate::defaults::WINDOW_S,
             horizon_windows: 2.0,
             memory_s: 30.0,
-            prior_prompt_tokens: 1024.0,
-            prior_output_tokens: 128.0,
+            prior_prompt_tokens: crate::defaults::PRIOR_PROMPT_TOKENS,
+            prior_output_tokens: crate::defaults::PRIOR_OUTPUT_TOKENS,
         }
     }
 }

@@ -2,8 +2,13 @@
 //! batch size) and decode step latency by (batch size, context length).
 //!
 //! Loaded once, validated at the boundary (every error names the file, field
-//! and value), interpolated bilinearly, clamped outside the profiled range
-//! with a warning logged once per (TP level, table, axis, edge).
+//! and value), interpolated bilinearly, clamped outside the profiled range.
+//! A clamp above an axis is logged as a warning once per (TP level, table,
+//! axis): the value is the edge's, an underestimate. One below an axis is
+//! logged at debug level only: a query below an axis is less work than the
+//! edge (fewer tokens, requests or context), so the edge's value bounds it
+//! from above and the estimate stays on the safe side (the planner probes a
+//! one-token prompt, below any grid).
 
 mod error;
 mod grid;
@@ -173,7 +178,13 @@ impl Profile {
             };
             let flag = &t.warned[(table as usize) * 4 + axis * 2 + edge];
             if !flag.swap(true, Ordering::Relaxed) {
-                log::warn!(
+                let level = if clamp == Clamp::Above {
+                    log::Level::Warn
+                } else {
+                    log::Level::Debug
+                };
+                log::log!(
+                    level,
                     "profile {}: TP{} {} {}={} outside the profiled range [{}, {}]; clamped \
                      (further clamps on this axis are not logged)",
                     self.name,
