@@ -4,7 +4,8 @@
 //! Loaded once, validated at the boundary (every error names the file, field
 //! and value), interpolated bilinearly, clamped outside the profiled range.
 //! A clamp above an axis is logged as a warning once per (TP level, table,
-//! axis): the value is the edge's, an underestimate. One below an axis is
+//! axis): the edge's value stands for a larger query, which usually costs
+//! more, so the estimate may be optimistic. One below an axis is
 //! logged at debug level only: a query below an axis is less work than the
 //! edge (fewer tokens, requests or context), so the edge's value bounds it
 //! from above and the estimate stays on the safe side (the planner probes a
