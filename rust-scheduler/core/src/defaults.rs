@@ -7,6 +7,10 @@ use crate::topology::MAX_GPUS_PER_NODE;
 /// Control window in seconds: how often the loop re-plans (DESIGN.md §1).
 pub const WINDOW_S: f64 = 1.0;
 
+/// How long a tier's past arrival rate keeps counting as demand (seconds),
+/// so a bursty tier that pauses for a few seconds keeps its GPUs.
+pub const DEMAND_MEMORY_S: f64 = 30.0;
+
 /// Prompt and output lengths the control loop assumes for a tier before it
 /// has seen a request (a chat-like turn).
 pub const PRIOR_PROMPT_TOKENS: f64 = 1024.0;

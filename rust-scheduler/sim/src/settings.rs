@@ -47,7 +47,7 @@ impl SimSettings {
             gpus,
             gpus_per_node: defaults::GPUS_PER_NODE,
             window_s: defaults::WINDOW_S,
-            demand_memory_s: 30.0,
+            demand_memory_s: defaults::DEMAND_MEMORY_S,
             switch_ms: None,
             kv_gbps: None,
             tp: None,

@@ -11,8 +11,7 @@ pub struct ControlConfig {
     /// Arrival-rate horizon, in windows: reacts to a burst within a window
     /// or two.
     pub horizon_windows: f64,
-    /// How long a tier's past arrival rate keeps counting as demand, so a
-    /// bursty tier that pauses for a few seconds keeps its GPUs.
+    /// How long a tier's past arrival rate keeps counting as demand.
     pub memory_s: f64,
     /// Prompt and output lengths assumed for a tier before it has seen a
     /// request.
@@ -26,7 +25,7 @@ impl Default for ControlConfig {
             planner: PlannerConfig::default(),
             window_s: crate::defaults::WINDOW_S,
             horizon_windows: 2.0,
-            memory_s: 30.0,
+            memory_s: crate::defaults::DEMAND_MEMORY_S,
             prior_prompt_tokens: crate::defaults::PRIOR_PROMPT_TOKENS,
             prior_output_tokens: crate::defaults::PRIOR_OUTPUT_TOKENS,
         }
