@@ -249,7 +249,7 @@ fn stats_of(num_tiers: usize, reqs: &[TraceRequest], span_s: f64, fallback: &[Ti
             if n == 0 {
                 TierStats {
                     arrival_rate: 0.0,
-                    ..fallback.get(t).copied().unwrap_or(TierStats::new(0.0, 1024.0, 128.0))
+                    ..fallback.get(t).copied().unwrap_or_else(|| ControlConfig::default().prior())
                 }
             } else {
                 let n_f = n as f64;
