@@ -17,8 +17,8 @@ from collections import Counter
 import numpy as np
 
 from tiertp import _scheduler
-from tiertp.number_types import positive_int
 from tiertp.defaults import DEFAULT_TIERS
+from tiertp.number_types import positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
 
 # (chat, agent, batch) requests/s in each 10-second phase.

@@ -27,8 +27,8 @@ from pathlib import Path
 from tiertp.commands.load_arguments import (add_client_limit_arguments, add_length_cap_arguments, add_load_arguments,
                                             add_output_switch_arguments, live_client_settings, output_settings,
                                             workload_settings)
-from tiertp.number_types import non_negative_float, positive_float, positive_int
 from tiertp.commands.worker import parse_tp_levels
+from tiertp.number_types import non_negative_float, positive_float, positive_int
 
 
 def _cpus(spec: str) -> list[int]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiertp._scheduler import DEFAULT_GATEWAY_HOST, DEFAULT_GATEWAY_PORT, SAMPLING_DEFAULTS
-from tiertp.number_types import positive_float
 from tiertp.commands.worker import parse_tp_levels
 from tiertp.defaults import DEFAULT_TIERS
 from tiertp.engine.models import EMBEDDED_MODELS
+from tiertp.number_types import positive_float
 from tiertp.profile_source import MEASURED, SYNTHETIC
 from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 

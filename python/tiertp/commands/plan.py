@@ -7,8 +7,8 @@ import argparse
 import json
 
 from tiertp import _scheduler
-from tiertp.number_types import positive_int
 from tiertp.defaults import DEFAULT_TIERS
+from tiertp.number_types import positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
 
 
