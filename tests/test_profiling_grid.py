@@ -66,6 +66,15 @@ def test_every_device_has_both_grids():
         grid.grid_for("tpu", False)
 
 
+def test_every_grid_measures_the_prior_requests_decode_context():
+    """A plan made at start-up asks for the prior request's context: no grid
+    leaves it to a clamp (which underestimates the step and warns)."""
+    from tiertp._scheduler import PRIOR_OUTPUT_TOKENS, PRIOR_PROMPT_TOKENS
+
+    for key, g in grid.GRIDS.items():
+        assert max(g.decode_context_len) >= PRIOR_PROMPT_TOKENS + PRIOR_OUTPUT_TOKENS, key
+
+
 def _cell(tp, table, x, y, ms=1.0):
     return {"kind": "cell", "tp": tp, "table": table, "x": x, "y": y, "latency_ms": ms, "spread_ms": 0.0}
 

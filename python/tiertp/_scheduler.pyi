@@ -266,4 +266,5 @@ def simulate(
     switch_ms: float | None = None,
     kv_gbps: float | None = None,
     progress: Callable[[float], object] | None = None,
+    engine_profile: Profile | None = None,
 ) -> dict[str, Any]: ...

@@ -5,7 +5,11 @@ Profiles the local engine at the TP levels of --tp-levels (`tiertp profile
 --tp-levels L1,L2` (or uses --url), and for each load simulates the trace
 with that profile on the same cluster (devices, the same TP levels and the
 KV slots of the live workers, the gateway's control window, the same SLOs,
-the same capped requests) and replays it live. Prints predicted vs measured
+the same capped requests) and replays it live. Before the loads, two
+probes calibrate the profile to the engine as served (its speed now, and a
+decode step's cost per running request; `--no-calibrate`: skipped): the
+calibrated prediction uses that profile, and a started server is restarted
+to plan with it. Prints predicted vs measured
 goodput, SLO attainment and TTFT/TPOT p50/p90/p99 per tier with relative
 errors, and writes fidelity.json plus the replay report (both runs side by
 side), with the TP switches and prefill->decode hand-offs of each side (the
@@ -41,9 +45,22 @@ def _cpus(spec: str) -> list[int]:
     return cpus
 
 
+def _concurrencies(spec: str) -> tuple[int, ...]:
+    """Wave sizes of the loaded probe: comma-separated counts >= 1, or 0 for none."""
+    try:
+        sizes = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated request counts, got {spec!r}") from None
+    if sizes == [0]:
+        return ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected request counts >= 1 (or 0 for no loaded probe), got {spec!r}")
+    return tuple(sizes)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from tiertp._scheduler import DEFAULT_WINDOW_S
-    from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
+    from tiertp.fidelity.defaults import PROBE_CONCURRENCY, TIERS_CPU_TWO_TIER
 
     p = sub.add_parser("fidelity", help="simulated vs live replay of one trace: predicted vs measured goodput",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,8 +97,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_client_limit_arguments(o)
     o.add_argument("--probe", type=int, default=2, metavar="N",
                    help="unloaded probe: N requests per tier sent one at a time before the loads (default 2; 0: none)")
+    o.add_argument("--probe-concurrency", type=_concurrencies, default=PROBE_CONCURRENCY, metavar="N1,N2,...",
+                   help="loaded probe: waves of N requests sent together, each size twice, after the unloaded "
+                        f"probe (default {','.join(map(str, PROBE_CONCURRENCY))}; 0: none)")
     o.add_argument("--no-calibrate", action="store_true",
-                   help="skip the calibrated prediction (the profile scaled by the probe's measured/predicted TPOT)")
+                   help="skip the calibration: no calibrated prediction, and the started server keeps planning "
+                        "with the measured profile (by default the profile is calibrated by the probes, the "
+                        "simulator predicts with it and the started server is restarted to plan with it)")
     o.add_argument("--cooldown", type=non_negative_float, default=5.0, metavar="S",
                    help="pause between loads (default 5)")
     o.add_argument("--out", type=Path, default=Path("fidelity"), help="output folder (default fidelity/)")
@@ -136,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         iteration_overhead_ms=args.iteration_overhead_ms,
         cooldown_s=args.cooldown,
         probe_per_tier=args.probe,
+        probe_concurrency=args.probe_concurrency,
         calibrate=not args.no_calibrate,
         **output_settings(args),
         command_line=["tiertp", *sys.argv[1:]],  # `python -m tiertp.cli ...` is the same command

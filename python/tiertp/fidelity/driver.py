@@ -12,7 +12,9 @@ What keeps the comparison apples to apples:
   served, and the simulator's profile cut to exactly them, sim_profile.py);
   KV slots per device = the live worker's; the control window = the gateway's;
 - the same engine: the profile is measured by `tiertp profile` on this
-  machine before the server starts (or given with --profile).
+  machine before the server starts (or given with --profile), then
+  calibrated by the probes to the engine as served (calibration.py); a
+  started server is restarted to plan with the calibrated profile.
 What still differs is reported with the numbers (docs/fidelity.md).
 """
 
@@ -29,14 +31,16 @@ from pathlib import Path
 import numpy as np
 
 from tiertp._scheduler import DEFAULT_WINDOW_S
+from tiertp.fidelity.calibration import (CALIBRATED, CALIBRATION_RULE, calibration_scale, fit_decode_overhead,
+                                         loaded_probe_table)
 from tiertp.fidelity.compare import compare, table
-from tiertp.fidelity.defaults import TIERS_CPU_TWO_TIER
+from tiertp.fidelity.defaults import PROBE_CONCURRENCY, TIERS_CPU_TWO_TIER
 from tiertp.fidelity import provenance
 from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
-from tiertp.fidelity.probe import probe, probe_table
+from tiertp.fidelity.probe import loaded_probe, probe, probe_table
 from tiertp.fidelity.serve_process import ServeProcess
 from tiertp.ports import free_port
-from tiertp.fidelity.sim_profile import check_profile_levels, write_sim_profile
+from tiertp.fidelity.sim_profile import check_profile_levels, sim_profile_doc, write_sim_profile
 from tiertp.replay.driver import GOODPUT_DEFINITION, write_plots
 from tiertp.replay.driver import ReplayConfig as _PlotConfig
 from tiertp.replay.live.caps import LengthCaps
@@ -83,7 +87,12 @@ class FidelityConfig:
     iteration_overhead_ms: float = 0.0
     cooldown_s: float = 5.0
     probe_per_tier: int = 2  # unloaded probe requests per tier (0: none)
-    calibrate: bool = True  # also simulate with the profile scaled by the probe's measured/predicted TPOT
+    # The loaded probe's wave sizes (empty: none), each sent probe_repeats times.
+    probe_concurrency: tuple[int, ...] = PROBE_CONCURRENCY
+    probe_repeats: int = 2
+    # Calibrate the profile by the probes (calibration.py): the calibrated
+    # prediction, and a started server restarted to plan with it.
+    calibrate: bool = True
     plots: bool = True
     progress: bool = True
     command_line: list[str] = field(default_factory=list)
@@ -98,18 +107,6 @@ class FidelityReport:
     doc: dict
     text: str
     files: list[Path]
-
-
-# Suffix of the calibrated prediction's name in the reports.
-CALIBRATED = "-calibrated"
-CALIBRATION_RULE = ("scale = median over tiers of the unloaded probe's measured / predicted TPOT: the live "
-                    "engine's per-iteration speed relative to the profile, on this host, at this time")
-
-
-def calibration_scale(unloaded: dict) -> float | None:
-    """CALIBRATION_RULE; None when the probe measured no TPOT."""
-    ratios = [t["ratio"]["tpot_ms"] for t in unloaded["tiers"].values() if t["ratio"]["tpot_ms"]]
-    return float(np.median(ratios)) if ratios else None
 
 
 def profile_command(model: str, out: Path, quick: bool, progress: bool, tp_levels: list[int]) -> list[str]:
@@ -158,9 +155,7 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
     run = _Run()
     try:
         if cfg.url is None:
-            serve = ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / "serve-logs", cpus=cfg.serve_cpus,
-                                 profile=sim_profile_path, window_s=cfg.window_s, tp_levels=levels,
-                                 worker_port=free_port())
+            serve = _start_serve(cfg, levels, sim_profile_path, "serve-logs")
         if serve is not None and serve.agent_endpoint is not None:
             run.agent = (serve.agent_endpoint, serve.agent_key)
         session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
@@ -172,18 +167,31 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
                          seed=cfg.seed)
         if cfg.probe_per_tier:
             first = loads[0][0].trace
-            run.unloaded = probe(session, ctx, cfg.sim_policies[0], int(np.median(first.prompt_tokens)),
-                                 int(np.median(first.output_tokens)), cfg.probe_per_tier, cfg.limits)
+            p, o = int(np.median(first.prompt_tokens)), int(np.median(first.output_tokens))
+            run.unloaded = probe(session, ctx, cfg.sim_policies[0], p, o, cfg.probe_per_tier, cfg.limits)
             run.say(probe_table(run.unloaded))
             scale = calibration_scale(run.unloaded) if cfg.calibrate else None
             if scale is not None:
-                run.calibration = {"scale": scale, "rule": CALIBRATION_RULE,
-                                   "profile": str(cfg.out / "profile-sim-calibrated.json")}
-                calibrated = write_sim_profile(measured_profile, cfg.out / "profile-sim-calibrated.json",
-                                               agent.max_total_tokens, levels,
-                                               cfg.iteration_overhead_ms, scale)
+                extra_ms = _fit_overhead(cfg, run, session, ctx, measured_profile, levels, scale, p, o)
+                calibrated_path = cfg.out / "profile-sim-calibrated.json"
+                run.calibration = {"scale": scale, "decode_ms_per_extra_request": extra_ms,
+                                   "rule": CALIBRATION_RULE, "profile": str(calibrated_path),
+                                   "server_plans_with": "measured profile"}
+                calibrated = write_sim_profile(measured_profile, calibrated_path, agent.max_total_tokens, levels,
+                                               cfg.iteration_overhead_ms, scale, extra_ms)
                 run.calibrated_ctx = replace(ctx, profile=calibrated)
-                run.say(f"calibrated prediction: every profile cell x{scale:.2f} ({CALIBRATION_RULE})")
+                run.say(f"calibrated profile: every cell x{scale:.2f}, a decode step +{extra_ms:.2f} ms per "
+                        f"running request beyond the first ({CALIBRATION_RULE})")
+                if serve is not None:
+                    # The gateway plans with the profile: restarted on the
+                    # calibrated one, both sides plan with the same numbers.
+                    serve.stop()
+                    serve = _start_serve(cfg, levels, calibrated_path, "serve-logs-calibrated")
+                    run.agent = (serve.agent_endpoint, serve.agent_key) if serve.agent_endpoint else None
+                    session = LiveSession(serve.wait_url(), cfg.tiers_path, list(tiers.names), seed=cfg.seed,
+                                          tokenizer=cfg.tokenizer or cfg.model)
+                    run.calibration["server_plans_with"] = "calibrated profile (restarted)"
+                    run.say("tiertp serve restarted to plan with the calibrated profile")
         for i, (load, caps) in enumerate(loads):
             if i and cfg.cooldown_s:
                 time.sleep(cfg.cooldown_s)  # the gateway's arrival memory of the last load fades a little
@@ -199,7 +207,8 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
 
     config = _config_doc(cfg, session, gpus, agent, levels, measured_profile, tiers, workload)
     config["policies"] = list(run.results[0].policies) if run.results else config["policies"]
-    doc = _clean({**config, "aborted": run.aborted, "unloaded_probe": run.unloaded, "calibration": run.calibration,
+    doc = _clean({**config, "aborted": run.aborted, "unloaded_probe": run.unloaded, "loaded_probe": run.loaded,
+                  "calibration": run.calibration,
                   "loads": run.per_load})
     files = [cfg.out / "fidelity.json", cfg.out / "report.json", cfg.out / "report.csv", *run.files]
     files[0].write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
@@ -211,6 +220,43 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
     return FidelityReport(doc, "\n\n".join(run.texts), files)
 
 
+def _start_serve(cfg: FidelityConfig, levels: list[int], profile: Path, logs: str) -> ServeProcess:
+    return ServeProcess(cfg.model, cfg.devices, cfg.tiers_path, cfg.out / logs, cpus=cfg.serve_cpus, profile=profile,
+                        window_s=cfg.window_s, tp_levels=levels, worker_port=free_port())
+
+
+def _fit_overhead(cfg: FidelityConfig, run: _Run, session: LiveSession, ctx: SimContext, measured_profile: Path,
+                  levels: list[int], scale: float, prompt_tokens: int, output_tokens: int) -> float:
+    """The loaded probe and the decode step's cost per extra request it
+    implies (calibration.py); 0 without the probe or a completed wave."""
+    if not cfg.probe_concurrency or not cfg.probe_repeats:
+        return 0.0
+    from tiertp import _scheduler
+
+    loaded = loaded_probe(session, prompt_tokens, output_tokens, list(cfg.probe_concurrency), cfg.probe_repeats,
+                          cfg.limits)
+    kv = AgentConfig().max_total_tokens
+    base = json.loads(Path(measured_profile).read_text())
+
+    def ctx_with(extra_ms: float) -> SimContext:
+        # The server planned the probe with `ctx.profile`; only the engine's
+        # times are the candidate's.
+        doc = sim_profile_doc(base, kv, levels, cfg.iteration_overhead_ms, scale, extra_ms)
+        return replace(ctx, engine_profile=_scheduler.Profile.from_json(json.dumps(doc), "calibration candidate"))
+
+    step_ms = ctx_with(0.0).engine_profile.decode_ms(min(levels), 1.0, prompt_tokens + output_tokens / 2)
+    fit = fit_decode_overhead(loaded, list(session.tier_names), ctx_with, cfg.sim_policies[0], step_ms)
+    failed = sum(1 for r in loaded.records if r.status != "completed")
+    run.loaded = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+                  "concurrency": list(cfg.probe_concurrency), "repeats": cfg.probe_repeats, "failed": failed,
+                  **(fit.to_doc() if fit else {"decode_ms_per_extra_request": None})}
+    if fit is None:
+        run.say(f"loaded probe: no request completed ({failed} failed); no per-request decode cost fitted")
+        return 0.0
+    run.say(loaded_probe_table(fit) + (f"; {failed} request(s) failed" if failed else ""))
+    return fit.decode_ms_per_extra_request
+
+
 @dataclass
 class _Run:
     """What a fidelity run has gathered so far."""
@@ -220,6 +266,7 @@ class _Run:
     texts: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     unloaded: dict | None = None
+    loaded: dict | None = None
     calibration: dict | None = None
     calibrated_ctx: SimContext | None = None
     aborted: str | None = None

@@ -1,7 +1,15 @@
-"""The unloaded probe: a few requests sent one at a time (nothing else in
-the system), measured live and simulated alone. It separates the engine
-model's error (profile vs the serving engine, per iteration) from the
-scheduling and queueing the loaded runs add."""
+"""The probes a fidelity run sends before its loads.
+
+- The unloaded probe: a few requests sent one at a time (nothing else in
+  the system), measured live and simulated alone. It separates the engine
+  model's error (profile vs the serving engine, per iteration) from the
+  scheduling and queueing the loaded runs add.
+- The loaded probe: waves of requests sent together (2, 4, 8, ... at once),
+  each wave awaited before the next. Their per-token times show what a
+  decode step costs as served when several requests run: the profile times
+  the forward pass alone, the serving stack adds work per running request
+  (calibration.py fits it).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,8 @@ import statistics
 
 import aiohttp
 import numpy as np
+
+from dataclasses import dataclass
 
 from tiertp.replay.live.client import request_body, send_one
 from tiertp.replay.live.limits import Limits
@@ -31,6 +41,47 @@ async def _send_sequentially(session_info, keys, prompts, specs, limits: Limits)
                            lambda: loop.time() - t0)
             records.append(r)
     return records
+
+
+@dataclass
+class LoadedProbe:
+    """The loaded probe's requests as sent and measured; `concurrency[i]` is
+    the size of the wave request i was sent in."""
+
+    prompt_tokens: int
+    output_tokens: int
+    records: list[RequestRecord]
+    concurrency: list[int]
+
+
+async def _send_waves(session_info, keys, prompts, tiers: list[str], prompt_tokens: int, output_tokens: int,
+                      waves: list[int], limits: Limits) -> tuple[list[RequestRecord], list[int]]:
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    records, sizes = [], []
+    async with aiohttp.ClientSession() as http:
+        for size in waves:
+            wave = []
+            for _ in range(size):
+                i = len(records)
+                r = RequestRecord(i, tiers[i % len(tiers)], prompt_tokens, output_tokens, loop.time() - t0)
+                body = request_body(session_info.model, prompts.ids(2_000_000 + i, prompt_tokens), output_tokens)
+                wave.append(send_one(http, session_info.completions_url, keys[r.tier], body, r, limits,
+                                     lambda: loop.time() - t0))
+                records.append(r)
+                sizes.append(size)
+            await asyncio.gather(*wave)
+    return records, sizes
+
+
+def loaded_probe(session, prompt_tokens: int, output_tokens: int, concurrencies: list[int], repeats: int,
+                 limits: Limits) -> LoadedProbe:
+    """`repeats` waves of each size in `concurrencies`, smallest first, the
+    requests of a wave spread over the tiers in turn."""
+    waves = [c for c in sorted(set(concurrencies)) for _ in range(repeats)]
+    records, sizes = asyncio.run(_send_waves(session.info, session.keys, session.prompts, list(session.tier_names),
+                                             prompt_tokens, output_tokens, waves, limits))
+    return LoadedProbe(prompt_tokens, output_tokens, records, sizes)
 
 
 def probe(session, ctx: SimContext, policy: str, prompt_tokens: int, output_tokens: int, per_tier: int,

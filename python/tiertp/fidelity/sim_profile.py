@@ -9,11 +9,14 @@ the engine, told what the live workers really have.
   level the workers lack, and with several levels the gateway's planner and
   the simulator switch over the same ones. The measured profile must have
   every one of them (`missing_tp_levels`).
-- Optionally a calibration of the engine's speed: every cell multiplied by
-  `scale` (the live engine's measured/profiled iteration time, from the
-  unloaded probe) and/or a per-iteration overhead (ms) added to it (what a
-  step runner costs beyond the forward pass the profile times). scale 1 and
-  overhead 0 leave the measured tables as they are.
+- Optionally a calibration of the engine's speed as served: every cell
+  multiplied by `scale` (the live engine's measured/profiled iteration
+  time, from the unloaded probe), a per-iteration overhead (ms) added to
+  it (what a step runner costs beyond the forward pass the profile
+  times), and a decode step's cost per request beyond the first
+  (`decode_ms_per_extra_request`, from the loaded probe: the per-token
+  work the serving stack does for each running request). scale 1 and
+  both overheads 0 leave the measured tables as they are.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def check_profile_levels(path: Path, tp_levels) -> None:
 
 
 def sim_profile_doc(measured: dict, kv_capacity_tokens: int, tp_levels: list[int],
-                    iteration_overhead_ms: float = 0.0, scale: float = 1.0) -> dict:
+                    iteration_overhead_ms: float = 0.0, scale: float = 1.0,
+                    decode_ms_per_extra_request: float = 0.0) -> dict:
     """A copy of the profile document `measured` with the changes above,
     recorded under provenance.fidelity."""
     if kv_capacity_tokens < 1:
@@ -53,6 +57,8 @@ def sim_profile_doc(measured: dict, kv_capacity_tokens: int, tp_levels: list[int
         raise ValueError(f"profile scale must be > 0, got {scale}")
     if iteration_overhead_ms < 0:
         raise ValueError(f"iteration overhead must be >= 0 ms, got {iteration_overhead_ms}")
+    if decode_ms_per_extra_request < 0:
+        raise ValueError(f"decode cost per extra request must be >= 0 ms, got {decode_ms_per_extra_request}")
     missing = missing_tp_levels(measured, tp_levels)
     if missing:
         have = sorted(int(k) for k in measured["tp_levels"])
@@ -66,21 +72,27 @@ def sim_profile_doc(measured: dict, kv_capacity_tokens: int, tp_levels: list[int
             for table in ("prefill", "decode"):
                 level[table]["latency_ms"] = [[v * scale + iteration_overhead_ms for v in row]
                                               for row in level[table]["latency_ms"]]
+        if decode_ms_per_extra_request:
+            decode = level["decode"]  # rows by batch size, columns by context
+            decode["latency_ms"] = [[v + decode_ms_per_extra_request * (batch - 1) for v in row]
+                                    for batch, row in zip(decode["batch_size"], decode["latency_ms"])]
     prov = doc.get("provenance") if isinstance(doc.get("provenance"), dict) else {}
     doc["provenance"] = {**prov, "fidelity": {
         "kv_capacity_tokens": int(kv_capacity_tokens), "tp_levels": list(tp_levels),
         "iteration_overhead_ms": iteration_overhead_ms, "scale": scale,
+        "decode_ms_per_extra_request": decode_ms_per_extra_request,
         "note": "derived by tiertp fidelity from the measured profile for the simulator"}}
     return doc
 
 
 def write_sim_profile(measured_path: Path, out_path: Path, kv_capacity_tokens: int, tp_levels: list[int],
-                      iteration_overhead_ms: float = 0.0, scale: float = 1.0):
+                      iteration_overhead_ms: float = 0.0, scale: float = 1.0,
+                      decode_ms_per_extra_request: float = 0.0):
     """Write the simulator's profile and load it (validated) as a tiertp._scheduler.Profile."""
     from tiertp import _scheduler
 
     doc = sim_profile_doc(json.loads(Path(measured_path).read_text()), kv_capacity_tokens, tp_levels,
-                          iteration_overhead_ms, scale)
+                          iteration_overhead_ms, scale, decode_ms_per_extra_request)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     return _scheduler.Profile.load(str(out_path))

@@ -119,9 +119,10 @@ def prompt_lengths(batch_tokens: int, batch_size: int) -> list[int]:
 # levels; single-threaded ranks are also far less disturbed by other load.
 CPU_CORES_PER_RANK = 1
 
-# The longest decode context a quick grid measures: the control loop's prior
-# request at its last token, which a plan made at start-up asks the profile
-# for (past the axis the profile clamps, which underestimates a decode step).
+# The longest decode context the CPU grids and the quick CUDA grid measure:
+# the control loop's prior request at its last token, which a plan made at
+# start-up asks the profile for (past the axis the profile clamps, which
+# underestimates a decode step).
 _PRIOR_CONTEXT = int(PRIOR_PROMPT_TOKENS + PRIOR_OUTPUT_TOKENS)
 
 # The one list of grids, by (device, quick). CPU grids are sized for a
@@ -131,7 +132,7 @@ _PRIOR_CONTEXT = int(PRIOR_PROMPT_TOKENS + PRIOR_OUTPUT_TOKENS)
 # serve` plans with one.
 GRIDS: dict[tuple[str, bool], Grid] = {
     # key: Grid(prefill_batch_tokens, prefill_batch_size, decode_batch_size, decode_context_len, warmup, repeats)
-    ("cpu", False): Grid((16, 64, 256, 1024), (1, 2, 4, 8), (1, 2, 4, 8, 16), (64, 256, 1024), 1, 3),
+    ("cpu", False): Grid((16, 64, 256, 1024), (1, 2, 4, 8), (1, 2, 4, 8, 16), (64, 256, _PRIOR_CONTEXT), 1, 3),
     ("cpu", True): Grid((8, 128, 1024), (1, 4), (1, 4, 16), (32, _PRIOR_CONTEXT), 1, 2),
     ("cuda", False): Grid((128, 512, 1024, 2048, 4096, 8192, 16384), (1, 2, 4, 8, 16, 32),
                           (1, 2, 4, 8, 16, 32, 64, 128, 256), (128, 512, 1024, 2048, 4096, 8192), 2, 5),

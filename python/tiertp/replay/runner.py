@@ -21,7 +21,9 @@ class SimContext:
     signature of tiertp._scheduler.simulate), profile, tiers, cluster and
     mechanism parameters (None = the simulator's default). The simulator is
     deterministic; `seed` is recorded with the run (it seeds the workload:
-    synthetic traces, tier fractions)."""
+    synthetic traces, tier fractions). `engine_profile`: what the engine's
+    iterations take when the policies plan with a `profile` that is not the
+    engine (None: `profile`)."""
 
     simulate: Callable[..., dict]
     profile: object
@@ -32,6 +34,7 @@ class SimContext:
     switch_ms: float | None = None
     kv_gbps: float | None = None
     seed: int = 0
+    engine_profile: object | None = None
 
     @property
     def slos(self) -> list[TierSlo]:
@@ -74,12 +77,13 @@ def run_once(ctx: SimContext, load: Load, policy: str, settings: dict,
     """Simulate `policy` with `settings` (keywords of simulate: tp,
     prefill_share) on `load`; ConservationError when requests go missing."""
     t = load.trace
+    engine = {} if ctx.engine_profile is None else {"engine_profile": ctx.engine_profile}
     result = ctx.simulate(
         ctx.profile, ctx.tiers,
         t.arrival_s.tolist(), t.tier.tolist(), t.prompt_tokens.tolist(), t.output_tokens.tolist(),
         ctx.gpus, policy,
         gpus_per_node=ctx.gpus_per_node, window_s=ctx.window_s, switch_ms=ctx.switch_ms, kv_gbps=ctx.kv_gbps,
-        progress=progress, **settings,
+        progress=progress, **engine, **settings,
     )
     what = f"policy {policy} ({label(settings)}) at {load.offered_rps:.2f} req/s"
     check_conservation(result, t.arrival_s, t.output_tokens, what)

@@ -13,10 +13,12 @@ use crate::tiers::TierSet;
 ///
 /// Per-request lists are in trace order (sorted by arrival); `tier` holds
 /// indices into `tiers.names`. Unset options take the simulator's defaults.
+/// `engine_profile`: what the engine's iterations take, when the policies
+/// plan with a `profile` that is not the engine (default: `profile`).
 #[pyfunction]
 #[pyo3(signature = (profile, tiers, arrival_s, tier, prompt_tokens, output_tokens, gpus, policy,
                     gpus_per_node = None, tp = None, prefill_share = None, window_s = None,
-                    switch_ms = None, kv_gbps = None, progress = None))]
+                    switch_ms = None, kv_gbps = None, progress = None, engine_profile = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,
@@ -35,6 +37,7 @@ pub fn simulate<'py>(
     switch_ms: Option<f64>,
     kv_gbps: Option<f64>,
     progress: Option<Bound<'py, PyAny>>,
+    engine_profile: Option<&Profile>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let n = arrival_s.len();
     if tier.len() != n || prompt_tokens.len() != n || output_tokens.len() != n {
@@ -69,6 +72,7 @@ pub fn simulate<'py>(
     // log (profile clamps) through Python logging, which needs it.
     let progress: Option<Py<PyAny>> = progress.map(Bound::unbind);
     let profile_arc = profile.inner.clone();
+    let engine_arc = engine_profile.map_or_else(|| profile_arc.clone(), |e| e.inner.clone());
     let tier_set = &tiers.inner;
     let (res, callback_error) = py.allow_threads(|| {
         let mut callback_error: Option<PyErr> = None;
@@ -79,7 +83,7 @@ pub fn simulate<'py>(
                 }
             }
         };
-        let res = tiertp_sim::simulate(profile_arc, tier_set, &reqs, policy, &settings, &mut report);
+        let res = tiertp_sim::simulate_on_engine(profile_arc, engine_arc, tier_set, &reqs, policy, &settings, &mut report);
         (res, callback_error)
     });
     let res = res.map_err(plan_err)?;

@@ -69,6 +69,8 @@ impl Ord for Timed {
 
 struct Sim<'a> {
     ctx: Ctx<'a>,
+    /// What the engine's iterations take (the policies see `ctx.profile`).
+    engine: Arc<Profile>,
     policy: Box<dyn Policy>,
     progress: Vec<Progress>,
     groups: Vec<GroupSim>,
@@ -98,7 +100,31 @@ pub fn simulate(
     settings: &SimSettings,
     progress_cb: &mut dyn FnMut(f64),
 ) -> Result<SimResult, SimError> {
+    simulate_on_engine(profile.clone(), profile, tiers, reqs, policy_name, settings, progress_cb)
+}
+
+/// `simulate`, with the policies planning on `profile` while the engine's
+/// iterations take `engine`'s times: a run where the policies' model of
+/// the engine is not the engine (e.g. a server that plans with a measured
+/// profile while serving costs more per step). `engine` must have every TP
+/// level of `profile`.
+pub fn simulate_on_engine(
+    profile: Arc<Profile>,
+    engine: Arc<Profile>,
+    tiers: &TierSet,
+    reqs: &[TraceRequest],
+    policy_name: &str,
+    settings: &SimSettings,
+    progress_cb: &mut dyn FnMut(f64),
+) -> Result<SimResult, SimError> {
     settings.validate().map_err(SimError::Input)?;
+    let engine_levels = engine.tp_levels();
+    if let Some(tp) = profile.tp_levels().into_iter().find(|tp| !engine_levels.contains(tp)) {
+        return Err(SimError::Input(format!(
+            "the engine profile {} has no TP{tp} table, which the planning profile {} has",
+            engine.name, profile.name
+        )));
+    }
     check_trace(tiers, reqs)?;
     let cluster = Cluster::uniform(settings.gpus, settings.gpus_per_node).map_err(|e| SimError::Input(e.to_string()))?;
     let trace_stats = whole_trace_stats(tiers.len(), reqs);
@@ -119,6 +145,7 @@ pub fn simulate(
     // settings (tiertp's own loop keeps its own).
     let defaults = ControlConfig::default();
     let mut sim = Sim {
+        engine,
         observer: ArrivalObserver::new(
             tiers.len(),
             defaults.horizon_windows * settings.window_s,
@@ -419,7 +446,7 @@ impl Sim<'_> {
             }
         }
         let grp = &mut self.groups[g];
-        if let Some(ms) = grp.start_iteration(self.now, self.ctx.profile, self.ctx.reqs, &self.progress) {
+        if let Some(ms) = grp.start_iteration(self.now, &self.engine, self.ctx.reqs, &self.progress) {
             grp.busy = true;
             grp.iteration_start = self.now;
             grp.busy_until = self.now + ms / 1e3;

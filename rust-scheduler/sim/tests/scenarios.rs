@@ -7,7 +7,7 @@ use tiertp_scheduler::profile::{synthetic, Profile};
 use tiertp_scheduler::stats::TierStats;
 use tiertp_scheduler::tiers::{Tier, TierSet};
 use tiertp_sim::request::TraceRequest;
-use tiertp_sim::{simulate, SimResult, SimSettings, POLICIES};
+use tiertp_sim::{simulate, simulate_on_engine, SimResult, SimSettings, POLICIES};
 
 fn profile() -> Arc<Profile> {
     Arc::new(synthetic::llama8b_like())
@@ -239,4 +239,56 @@ fn dynamic_tp_wins_a_two_phase_two_tier_scenario() {
             assert!(dynamic > fixed + 0.03, "tiertp {dynamic:.3} vs {policy} TP{tp} {fixed:.3}");
         }
     }
+}
+
+/// The llama-8b-like profile with every decode step `extra_ms` longer.
+fn slower_decode(extra_ms: f64) -> Arc<Profile> {
+    let mut raw = synthetic::raw_llama8b_like(&[1, 2, 4, 8]);
+    for level in raw.tp_levels.values_mut() {
+        for row in &mut level.decode.latency_ms {
+            for v in row {
+                *v += extra_ms;
+            }
+        }
+    }
+    Arc::new(Profile::from_raw(raw, "<slower decode>").unwrap())
+}
+
+#[test]
+fn an_engine_profile_times_the_iterations_the_planning_profile_decided() {
+    let reqs = trace(300, 10.0, 2, 5);
+    let s = SimSettings::new(4);
+    let planned = simulate(profile(), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
+    let same = simulate_on_engine(profile(), profile(), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
+    assert_eq!(planned.tpot_ms, same.tpot_ms, "an engine equal to the profile changes nothing");
+    let slow = simulate_on_engine(profile(), slower_decode(5.0), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
+    let replanned = simulate(slower_decode(5.0), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
+    let layout = |r: &SimResult| r.timeline.iter().map(|e| e.groups.len()).collect::<Vec<_>>();
+    assert_eq!(layout(&slow), layout(&planned), "the policies plan on the planning profile only");
+    let both_served = (0..reqs.len()).filter(|&i| !slow.rejected[i] && !planned.rejected[i] && reqs[i].output_tokens > 1);
+    let (mut n, mut slower_by) = (0.0, 0.0);
+    for i in both_served {
+        n += 1.0;
+        slower_by += slow.tpot_ms[i] - planned.tpot_ms[i];
+    }
+    assert!(n > 0.0);
+    assert!(
+        slower_by / n >= 5.0,
+        "each step is 5 ms longer: mean TPOT {} ms longer",
+        slower_by / n
+    );
+    assert_ne!(
+        slow.tpot_ms, replanned.tpot_ms,
+        "planning on the slower profile decides differently"
+    );
+}
+
+#[test]
+fn an_engine_profile_must_have_the_planning_profiles_tp_levels() {
+    let reqs = trace(10, 5.0, 2, 1);
+    let tp1 = Arc::new(Profile::from_raw(synthetic::raw_llama8b_like(&[1]), "<tp1 only>").unwrap());
+    let e = simulate_on_engine(profile(), tp1, &tiers(), &reqs, "tiertp", &SimSettings::new(4), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no TP2 table"), "{e}");
 }

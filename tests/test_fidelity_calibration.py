@@ -1,0 +1,140 @@
+"""The profile as served (tiertp.fidelity.calibration): the per-request
+decode cost the loaded probe implies, the calibrated profile, and a started
+server restarted to plan with it."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_fidelity import FAKE_TRACE, profile_doc
+from test_replay_live_client import FakeServer, tiers_file, tokenizer_dir  # noqa: F401 - fixture
+
+from tiertp.fidelity.calibration import fit_decode_overhead
+from tiertp.fidelity.probe import LoadedProbe
+from tiertp.fidelity.sim_profile import sim_profile_doc
+from tiertp.replay.live.caps import LengthCaps
+from tiertp.replay.live.limits import Limits
+from tiertp.replay.live.records import RequestRecord
+from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.workload import Load, TierRule
+from tiertp.traces import make_trace
+
+
+def test_decode_cost_per_extra_request_grows_with_the_batch_only():
+    doc = sim_profile_doc(profile_doc(), 4096, [1], scale=2.0, decode_ms_per_extra_request=0.5)
+    level = doc["tp_levels"]["1"]
+    # batch 1 pays nothing extra, batch 16 fifteen times 0.5 ms; prefill only the scale
+    assert level["decode"]["latency_ms"] == [[4, 6], [8 + 7.5, 12 + 7.5]]
+    assert level["prefill"]["latency_ms"] == [[10, 12], [100, 110]]
+    assert doc["provenance"]["fidelity"]["decode_ms_per_extra_request"] == 0.5
+    with pytest.raises(ValueError, match="per extra request"):
+        sim_profile_doc(profile_doc(), 4096, [1], decode_ms_per_extra_request=-1)
+
+
+def _ctx(tmp_path, extra_ms: float | None = None) -> SimContext:
+    from tiertp import _scheduler
+
+    doc = sim_profile_doc(profile_doc(), 100_000, [1])
+    profile = _scheduler.Profile.from_json(json.dumps(doc))
+    tiers = _scheduler.TierSet.load(str(tiers_file(tmp_path)))
+    ctx = SimContext(_scheduler.simulate, profile, tiers, 2, gpus_per_node=2)
+    if extra_ms is None:
+        return ctx
+    engine = sim_profile_doc(profile_doc(), 100_000, [1], decode_ms_per_extra_request=extra_ms)
+    return replace(ctx, engine_profile=_scheduler.Profile.from_json(json.dumps(engine)))
+
+
+def test_the_fit_recovers_the_per_request_cost_of_a_simulated_server(tmp_path):
+    """Waves measured on a 'server' whose decode steps cost 0.8 ms per extra
+    request, planned on the plain profile: the fit finds 0.8 ms."""
+    sizes = [c for c in (2, 4, 8, 16) for _ in range(2)]
+    sent = np.repeat(np.arange(len(sizes)) * 5.0, sizes).tolist()  # a wave every 5 s
+    concurrency = np.repeat(sizes, sizes).tolist()
+    tiers = [("chat", "agent")[i % 2] for i in range(len(sent))]
+    trace = make_trace("waves", sent, [40] * len(sent), [20] * len(sent), tier=[("chat", "agent").index(t) for t in tiers],
+                       tier_names=["chat", "agent"])
+    truth = run_once(_ctx(tmp_path, 0.8), Load(None, trace, 1.0), "tiertp", {})
+    records = []
+    for i, (t, tier, tpot) in enumerate(zip(sent, tiers, truth.tpot_ms)):
+        r = RequestRecord(i, tier, 40, 20, t, sent_s=t)
+        if math.isfinite(tpot):
+            r.first_token_s = t + 0.01
+            r.complete(r.first_token_s + tpot * 19 / 1e3, 20, "length")
+        records.append(r)
+    probe = LoadedProbe(40, 20, records, concurrency)
+    fit = fit_decode_overhead(probe, ["chat", "agent"], lambda c: _ctx(tmp_path, c), "tiertp", largest_ms=2.0)
+    assert fit.decode_ms_per_extra_request == pytest.approx(0.8)
+    assert not fit.at_bound
+    waves = {w["concurrency"]: w for w in fit.waves}
+    assert set(waves) == {2, 4, 8, 16}
+    assert waves[16]["calibrated_tpot_ms"] == pytest.approx(waves[16]["measured_tpot_ms"])
+    assert waves[16]["scaled_tpot_ms"] < waves[16]["measured_tpot_ms"]
+
+
+def test_no_completed_wave_fits_nothing(tmp_path):
+    records = [RequestRecord(0, "chat", 40, 20, 0.0, sent_s=0.0)]
+    probe = LoadedProbe(40, 20, records, [2])
+    assert fit_decode_overhead(probe, ["chat", "agent"], lambda c: _ctx(tmp_path, c), "tiertp", 2.0) is None
+
+
+def test_a_started_server_is_restarted_to_plan_with_the_calibrated_profile(monkeypatch, tmp_path,
+                                                                           tokenizer_dir):  # noqa: F811
+    from tiertp.fidelity import driver
+
+    server = FakeServer(lambda n, b: "ok")
+    served = []
+
+    class FakeServe:
+        def __init__(self, *args, **kw):
+            served.append(kw["profile"])
+            self.agent_endpoint = None
+            self.output_path = tmp_path / "serve.log"
+
+        def wait_url(self):
+            return server.url
+
+        def alive(self):
+            return True
+
+        def stop(self):
+            return 0
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(profile_doc()))
+    monkeypatch.setattr(driver, "ServeProcess", FakeServe)
+    try:
+        cfg = driver.FidelityConfig(
+            traces=[FAKE_TRACE], rps=[4.0], duration_s=2.0, out=tmp_path / "fid", tiers_path=tiers_file(tmp_path),
+            tier_rule=TierRule(fractions={"chat": 0.5, "agent": 0.5}), caps=LengthCaps(40, 4),
+            limits=Limits(first_token_s=3, stall_s=3, total_s=10), profile=profile, tokenizer=str(tokenizer_dir),
+            probe_concurrency=(2, 4), cooldown_s=0, progress=False, plots=False)
+        report = driver.run_fidelity(cfg)
+    finally:
+        server.stop()
+    assert served == [cfg.out / "profile-sim.json", cfg.out / "profile-sim-calibrated.json"]
+    doc = json.loads((cfg.out / "fidelity.json").read_text())
+    assert [w["concurrency"] for w in doc["loaded_probe"]["waves"]] == [2, 4]
+    assert doc["loaded_probe"]["waves"][0]["requests"] == 4  # each size twice
+    cal = doc["calibration"]
+    assert cal["server_plans_with"] == "calibrated profile (restarted)"
+    assert cal["decode_ms_per_extra_request"] >= 0 and cal["scale"] > 0
+    written = json.loads((cfg.out / "profile-sim-calibrated.json").read_text())["provenance"]["fidelity"]
+    assert written["decode_ms_per_extra_request"] == cal["decode_ms_per_extra_request"]
+    assert "restarted to plan with the calibrated profile" in report.text
+
+
+def test_probe_concurrency_option(monkeypatch, tmp_path, capsys):
+    from test_fidelity import _fidelity_cli
+
+    code, cfg = _fidelity_cli(monkeypatch, tmp_path, "--probe-concurrency", "8,2")
+    assert code == 0 and cfg.probe_concurrency == (2, 8)
+    code, cfg = _fidelity_cli(monkeypatch, tmp_path, "--probe-concurrency", "0")
+    assert code == 0 and cfg.probe_concurrency == ()
+    with pytest.raises(SystemExit) as usage:
+        _fidelity_cli(monkeypatch, tmp_path, "--probe-concurrency", "2,-1")
+    assert usage.value.code == 2 and "--probe-concurrency" in capsys.readouterr().err
