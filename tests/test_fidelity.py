@@ -112,6 +112,28 @@ def test_table_shows_predicted_measured_and_error():
 FAKE_TRACE = "synthetic:poisson,rate=20,prompt=50,output=6,duration=5,seed=1"
 
 
+def fake_serve_process(server, tmp_path, started: list):
+    """A stand-in for ServeProcess that serves `server` and records each
+    start's (args, keywords) in `started`."""
+
+    class FakeServe:
+        def __init__(self, *args, **kw):
+            started.append((args, kw))
+            self.agent_endpoint = None  # no agent to ask: the live agent counts are None
+            self.output_path = tmp_path / "serve.log"
+
+        def wait_url(self):
+            return server.url
+
+        def alive(self):
+            return True
+
+        def stop(self):
+            return 0
+
+    return FakeServe
+
+
 def _fidelity_cli(monkeypatch, tmp_path, *extra: str):
     """Run `tiertp fidelity ... extra` with run_fidelity replaced: (exit code, the FidelityConfig or None)."""
     from tiertp import cli
@@ -202,23 +224,8 @@ def test_fidelity_profiles_serves_and_simulates_the_same_tp_levels(monkeypatch, 
         doc["tp_levels"]["4"] = json.loads(json.dumps(doc["tp_levels"]["1"]))
         open(cmd[cmd.index("--out") + 1], "w").write(json.dumps(doc))
 
-    class FakeServe:
-        def __init__(self, *args, **kw):
-            served.append((args, kw))
-            self.agent_endpoint = None  # no agent to ask: the live agent counts are None
-            self.output_path = tmp_path / "serve.log"
-
-        def wait_url(self):
-            return server.url
-
-        def alive(self):
-            return True
-
-        def stop(self):
-            return 0
-
     monkeypatch.setattr(driver, "subprocess", types.SimpleNamespace(run=fake_profile))
-    monkeypatch.setattr(driver, "ServeProcess", FakeServe)
+    monkeypatch.setattr(driver, "ServeProcess", fake_serve_process(server, tmp_path, served))
     try:
         cfg = driver.FidelityConfig(
             traces=[FAKE_TRACE], rps=[4.0], duration_s=2.0, out=tmp_path / "fid", tiers_path=tiers_file(tmp_path),

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import types
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_fidelity import FAKE_TRACE, profile_doc
+from test_fidelity import FAKE_TRACE, fake_serve_process, profile_doc
 from test_replay_live_client import FakeServer, tiers_file, tokenizer_dir  # noqa: F401 - fixture
 
 from tiertp.fidelity.calibration import fit_decode_overhead
@@ -56,8 +55,8 @@ def test_the_fit_recovers_the_per_request_cost_of_a_simulated_server(tmp_path):
     sent = np.repeat(np.arange(len(sizes)) * 5.0, sizes).tolist()  # a wave every 5 s
     concurrency = np.repeat(sizes, sizes).tolist()
     tiers = [("chat", "agent")[i % 2] for i in range(len(sent))]
-    trace = make_trace("waves", sent, [40] * len(sent), [20] * len(sent), tier=[("chat", "agent").index(t) for t in tiers],
-                       tier_names=["chat", "agent"])
+    tier_ids = [("chat", "agent").index(t) for t in tiers]
+    trace = make_trace("waves", sent, [40] * len(sent), [20] * len(sent), tier=tier_ids, tier_names=["chat", "agent"])
     truth = run_once(_ctx(tmp_path, 0.8), Load(None, trace, 1.0), "tiertp", {})
     records = []
     for i, (t, tier, tpot) in enumerate(zip(sent, tiers, truth.tpot_ms)):
@@ -87,26 +86,10 @@ def test_a_started_server_is_restarted_to_plan_with_the_calibrated_profile(monke
     from tiertp.fidelity import driver
 
     server = FakeServer(lambda n, b: "ok")
-    served = []
-
-    class FakeServe:
-        def __init__(self, *args, **kw):
-            served.append(kw["profile"])
-            self.agent_endpoint = None
-            self.output_path = tmp_path / "serve.log"
-
-        def wait_url(self):
-            return server.url
-
-        def alive(self):
-            return True
-
-        def stop(self):
-            return 0
-
+    started = []
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(profile_doc()))
-    monkeypatch.setattr(driver, "ServeProcess", FakeServe)
+    monkeypatch.setattr(driver, "ServeProcess", fake_serve_process(server, tmp_path, started))
     try:
         cfg = driver.FidelityConfig(
             traces=[FAKE_TRACE], rps=[4.0], duration_s=2.0, out=tmp_path / "fid", tiers_path=tiers_file(tmp_path),
@@ -116,7 +99,8 @@ def test_a_started_server_is_restarted_to_plan_with_the_calibrated_profile(monke
         report = driver.run_fidelity(cfg)
     finally:
         server.stop()
-    assert served == [cfg.out / "profile-sim.json", cfg.out / "profile-sim-calibrated.json"]
+    profiles = [kw["profile"] for _, kw in started]
+    assert profiles == [cfg.out / "profile-sim.json", cfg.out / "profile-sim-calibrated.json"]
     doc = json.loads((cfg.out / "fidelity.json").read_text())
     assert [w["concurrency"] for w in doc["loaded_probe"]["waves"]] == [2, 4]
     assert doc["loaded_probe"]["waves"][0]["requests"] == 4  # each size twice

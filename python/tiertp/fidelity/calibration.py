@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiertp.fidelity.probe import LoadedProbe
+from tiertp.replay.live.records import COMPLETED
 from tiertp.replay.runner import SimContext, run_once
 from tiertp.replay.workload import Load
 from tiertp.traces import make_trace
@@ -73,7 +74,7 @@ def fit_decode_overhead(probe: LoadedProbe, tier_names: list[str], ctx_with: Cal
     """The per-request decode cost (module doc) among FIT_STEPS + 1 values
     from 0 to `largest_ms`; `ctx_with(c)` is the simulator with an engine
     whose decode steps carry c. None when no wave completed a request live."""
-    done = [r for r in probe.records if r.status == "completed"]
+    done = [r for r in probe.records if r.status == COMPLETED]
     measured = _wave_medians([probe.concurrency[r.index] for r in done], [r.tpot_ms for r in done])
     if not measured:
         return None

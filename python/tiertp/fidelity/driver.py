@@ -47,6 +47,7 @@ from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.driver import LIVE_GOODPUT_NOTE, LiveSession, capped_loads
 from tiertp.replay.live.outcome import LIVE, write_requests_csv
+from tiertp.replay.live.records import COMPLETED
 from tiertp.replay.metrics import TierSlo
 from tiertp.replay.policies import label
 from tiertp.replay.report import _clean, write_csv, write_json
@@ -246,7 +247,7 @@ def _fit_overhead(cfg: FidelityConfig, run: _Run, session: LiveSession, ctx: Sim
 
     step_ms = ctx_with(0.0).engine_profile.decode_ms(min(levels), 1.0, prompt_tokens + output_tokens / 2)
     fit = fit_decode_overhead(loaded, list(session.tier_names), ctx_with, cfg.sim_policies[0], step_ms)
-    failed = sum(1 for r in loaded.records if r.status != "completed")
+    failed = sum(1 for r in loaded.records if r.status != COMPLETED)
     run.loaded = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
                   "concurrency": list(cfg.probe_concurrency), "repeats": cfg.probe_repeats, "failed": failed,
                   **(fit.to_doc() if fit else {"decode_ms_per_extra_request": None})}
