@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from dataclasses import dataclass
 
 import aiohttp
 import numpy as np
-
-from dataclasses import dataclass
 
 from tiertp.replay.live.client import request_body, send_one
 from tiertp.replay.live.limits import Limits
