@@ -149,6 +149,7 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             break
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
+            proc.poll()  # reap the leader: until then its zombie keeps the group alive to killpg
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:

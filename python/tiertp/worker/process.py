@@ -36,8 +36,10 @@ STARTING, READY, DEAD = "starting", "ready", "dead"
 class ExecProcess:
     """One execution process (one incarnation) for one TP group.
 
-    Contract: `send` only when READY; `check` returns a reason string once
-    when the process is found dead or hung (it is then killed and DEAD);
+    Contract: `send` only when READY, and it never blocks (a message the
+    process cannot take is reported by the next `check`); `check` returns a
+    reason string once when the process is found dead or hung (it is then
+    killed and DEAD);
     `stop` ends it (asks politely, then kills its group) and is idempotent.
     """
 
@@ -58,6 +60,7 @@ class ExecProcess:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(self.endpoint)
         self._cfg = cfg
+        self._refused = False  # a message could not be handed to the process (`send`)
         self._started = self._last_heard = self._last_ping = time.monotonic()
         env = dict(os.environ)
         # The child imports tiertp from where the agent did (checkout or site-packages).
@@ -82,7 +85,14 @@ class ExecProcess:
 
     def send(self, msg: dict) -> None:
         assert self.state == READY, self.state
-        self.socket.send(P.encode(msg))
+        try:
+            # Never block the agent's loop: a PAIR socket whose peer is gone
+            # blocks a send until a peer comes back, which a dead process
+            # never does. A message the process cannot take means it died (or
+            # stopped reading) since the last check; `check` reports it.
+            self.socket.send(P.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            self._refused = True
 
     def receive(self) -> dict:
         """The next message (call when `socket` is readable); updates liveness and load."""
@@ -112,6 +122,8 @@ class ExecProcess:
             reason = f"execution process pid {self.pid} exited with code {rc}"
             if self.exit_note:
                 reason += f" ({self.exit_note})"
+        elif self._refused:
+            reason = f"execution process pid {self.pid} took no message: its end of the socket is gone or full"
         elif self.state == STARTING and now - self._started > self._cfg.start_timeout_s:
             reason = f"execution process pid {self.pid} was not ready after {self._cfg.start_timeout_s:.0f} s"
         elif self.state == READY and now - self._last_heard > self._cfg.hang_timeout_s:
