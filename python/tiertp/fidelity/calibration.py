@@ -105,7 +105,7 @@ def fit_decode_overhead(probe: LoadedProbe, tier_names: list[str], ctx_with: Cal
               "measured_tpot_ms": measured.get(s),
               "scaled_tpot_ms": sims[0].get(s),
               "calibrated_tpot_ms": sims[best].get(s)} for s in sorted(set(probe.concurrency))]
-    return OverheadFit(candidates[best], best == FIT_STEPS and FIT_STEPS > 0, waves)
+    return OverheadFit(candidates[best], best == FIT_STEPS, waves)
 
 
 def loaded_probe_table(fit: OverheadFit) -> str:

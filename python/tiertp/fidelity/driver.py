@@ -157,10 +157,7 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
     try:
         if cfg.url is None:
             serve = _start_serve(cfg, levels, sim_profile_path, "serve-logs")
-        if serve is not None and serve.agent_endpoint is not None:
-            run.agent = (serve.agent_endpoint, serve.agent_key)
-        session = LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, list(tiers.names),
-                              seed=cfg.seed, tokenizer=cfg.tokenizer or (cfg.model if serve else None))
+        session = _connect(cfg, run, serve, list(tiers.names))
         gpus = session.info.gpus or cfg.devices
         if max(levels) > gpus:
             raise ValueError(f"--tp-levels {','.join(map(str, levels))}: the server has {gpus} device(s)")
@@ -173,7 +170,8 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
             run.say(probe_table(run.unloaded))
             scale = calibration_scale(run.unloaded) if cfg.calibrate else None
             if scale is not None:
-                extra_ms = _fit_overhead(cfg, run, session, ctx, measured_profile, levels, scale, p, o)
+                extra_ms = _fit_overhead(cfg, run, session, ctx, measured_profile, levels, agent.max_total_tokens,
+                                         scale, p, o)
                 calibrated_path = cfg.out / "profile-sim-calibrated.json"
                 run.calibration = {"scale": scale, "decode_ms_per_extra_request": extra_ms,
                                    "rule": CALIBRATION_RULE, "profile": str(calibrated_path),
@@ -188,9 +186,7 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
                     # calibrated one, both sides plan with the same numbers.
                     serve.stop()
                     serve = _start_serve(cfg, levels, calibrated_path, "serve-logs-calibrated")
-                    run.agent = (serve.agent_endpoint, serve.agent_key) if serve.agent_endpoint else None
-                    session = LiveSession(serve.wait_url(), cfg.tiers_path, list(tiers.names), seed=cfg.seed,
-                                          tokenizer=cfg.tokenizer or cfg.model)
+                    session = _connect(cfg, run, serve, list(tiers.names))
                     run.calibration["server_plans_with"] = "calibrated profile (restarted)"
                     run.say("tiertp serve restarted to plan with the calibrated profile")
         for i, (load, caps) in enumerate(loads):
@@ -226,8 +222,17 @@ def _start_serve(cfg: FidelityConfig, levels: list[int], profile: Path, logs: st
                         window_s=cfg.window_s, tp_levels=levels, worker_port=free_port())
 
 
+def _connect(cfg: FidelityConfig, run: _Run, serve: ServeProcess | None, tier_names: list[str]) -> LiveSession:
+    """The session against the started server (once it is up; its agent is
+    then asked for its moves) or against --url."""
+    run.agent = (serve.agent_endpoint, serve.agent_key) if serve is not None and serve.agent_endpoint else None
+    return LiveSession(serve.wait_url() if serve else cfg.url, cfg.tiers_path, tier_names, seed=cfg.seed,
+                       tokenizer=cfg.tokenizer or (cfg.model if serve else None))
+
+
 def _fit_overhead(cfg: FidelityConfig, run: _Run, session: LiveSession, ctx: SimContext, measured_profile: Path,
-                  levels: list[int], scale: float, prompt_tokens: int, output_tokens: int) -> float:
+                  levels: list[int], kv_capacity_tokens: int, scale: float, prompt_tokens: int,
+                  output_tokens: int) -> float:
     """The loaded probe and the decode step's cost per extra request it
     implies (calibration.py); 0 without the probe or a completed wave."""
     if not cfg.probe_concurrency or not cfg.probe_repeats:
@@ -236,13 +241,12 @@ def _fit_overhead(cfg: FidelityConfig, run: _Run, session: LiveSession, ctx: Sim
 
     loaded = loaded_probe(session, prompt_tokens, output_tokens, list(cfg.probe_concurrency), cfg.probe_repeats,
                           cfg.limits)
-    kv = AgentConfig().max_total_tokens
     base = json.loads(Path(measured_profile).read_text())
 
     def ctx_with(extra_ms: float) -> SimContext:
         # The server planned the probe with `ctx.profile`; only the engine's
         # times are the candidate's.
-        doc = sim_profile_doc(base, kv, levels, cfg.iteration_overhead_ms, scale, extra_ms)
+        doc = sim_profile_doc(base, kv_capacity_tokens, levels, cfg.iteration_overhead_ms, scale, extra_ms)
         return replace(ctx, engine_profile=_scheduler.Profile.from_json(json.dumps(doc), "calibration candidate"))
 
     step_ms = ctx_with(0.0).engine_profile.decode_ms(min(levels), 1.0, prompt_tokens + output_tokens / 2)
