@@ -83,7 +83,8 @@ pub fn simulate<'py>(
                 }
             }
         };
-        let res = tiertp_sim::simulate_on_engine(profile_arc, engine_arc, tier_set, &reqs, policy, &settings, &mut report);
+        let profiles = tiertp_sim::SimProfiles::planning_on_engine(profile_arc, engine_arc);
+        let res = tiertp_sim::simulate(profiles, tier_set, &reqs, policy, &settings, &mut report);
         (res, callback_error)
     });
     let res = res.map_err(plan_err)?;

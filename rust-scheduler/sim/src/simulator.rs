@@ -91,32 +91,43 @@ struct Sim<'a> {
     log: Option<Vec<ControlEvent>>,
 }
 
-/// Replays `reqs` (sorted by arrival) under `policy_name`.
-pub fn simulate(
-    profile: Arc<Profile>,
-    tiers: &TierSet,
-    reqs: &[TraceRequest],
-    policy_name: &str,
-    settings: &SimSettings,
-    progress_cb: &mut dyn FnMut(f64),
-) -> Result<SimResult, SimError> {
-    simulate_on_engine(profile.clone(), profile, tiers, reqs, policy_name, settings, progress_cb)
+/// The profiles a run uses: the policies plan on `planning` while the
+/// engine's iterations take `engine`'s times. They differ in a run where
+/// the policies' model of the engine is not the engine (e.g. a server that
+/// plans with a measured profile while serving costs more per step); one
+/// profile converts into both.
+#[derive(Debug, Clone)]
+pub struct SimProfiles {
+    pub planning: Arc<Profile>,
+    pub engine: Arc<Profile>,
 }
 
-/// `simulate`, with the policies planning on `profile` while the engine's
-/// iterations take `engine`'s times: a run where the policies' model of
-/// the engine is not the engine (e.g. a server that plans with a measured
-/// profile while serving costs more per step). `engine` must have every TP
-/// level of `profile`.
-pub fn simulate_on_engine(
-    profile: Arc<Profile>,
-    engine: Arc<Profile>,
+impl SimProfiles {
+    /// `engine` must have every TP level of `planning` (`simulate` checks).
+    pub fn planning_on_engine(planning: Arc<Profile>, engine: Arc<Profile>) -> Self {
+        Self { planning, engine }
+    }
+}
+
+impl From<Arc<Profile>> for SimProfiles {
+    fn from(profile: Arc<Profile>) -> Self {
+        Self {
+            engine: Arc::clone(&profile),
+            planning: profile,
+        }
+    }
+}
+
+/// Replays `reqs` (sorted by arrival) under `policy_name`.
+pub fn simulate(
+    profiles: impl Into<SimProfiles>,
     tiers: &TierSet,
     reqs: &[TraceRequest],
     policy_name: &str,
     settings: &SimSettings,
     progress_cb: &mut dyn FnMut(f64),
 ) -> Result<SimResult, SimError> {
+    let SimProfiles { planning: profile, engine } = profiles.into();
     settings.validate().map_err(SimError::Input)?;
     let engine_levels = engine.tp_levels();
     if let Some(tp) = profile.tp_levels().into_iter().find(|tp| !engine_levels.contains(tp)) {

@@ -7,7 +7,8 @@ use tiertp_scheduler::profile::{synthetic, Profile};
 use tiertp_scheduler::stats::TierStats;
 use tiertp_scheduler::tiers::{Tier, TierSet};
 use tiertp_sim::request::TraceRequest;
-use tiertp_sim::{simulate, simulate_on_engine, SimResult, SimSettings, POLICIES};
+use tiertp_sim::simulator::SimError;
+use tiertp_sim::{simulate, SimProfiles, SimResult, SimSettings, POLICIES};
 
 fn profile() -> Arc<Profile> {
     Arc::new(synthetic::llama8b_like())
@@ -144,6 +145,11 @@ fn bad_input_is_rejected_with_a_reason() {
 /// Phase 1: long prompts of a tier whose TTFT only TP2 and above can meet.
 /// Phase 2: a flood of short requests of a loose tier that TP1 serves best
 /// per GPU. A static TP level fails one phase; switching TP wins both.
+/// The entries of `values` (one per request) of `tier`'s requests.
+fn of_tier<T: Copy>(reqs: &[TraceRequest], values: &[T], tier: usize) -> Vec<T> {
+    reqs.iter().zip(values).filter(|(r, _)| r.tier == tier).map(|(_, &v)| v).collect()
+}
+
 #[test]
 fn dynamic_tp_wins_a_two_phase_two_tier_scenario() {
     let p = profile();
@@ -202,24 +208,9 @@ fn dynamic_tp_wins_a_two_phase_two_tier_scenario() {
             .map(|tier| {
                 let idx: Vec<TraceRequest> = reqs.iter().filter(|r| r.tier == tier).copied().collect();
                 let sub = SimResult {
-                    ttft_ms: reqs
-                        .iter()
-                        .zip(&res.ttft_ms)
-                        .filter(|(r, _)| r.tier == tier)
-                        .map(|(_, &v)| v)
-                        .collect(),
-                    tpot_ms: reqs
-                        .iter()
-                        .zip(&res.tpot_ms)
-                        .filter(|(r, _)| r.tier == tier)
-                        .map(|(_, &v)| v)
-                        .collect(),
-                    rejected: reqs
-                        .iter()
-                        .zip(&res.rejected)
-                        .filter(|(r, _)| r.tier == tier)
-                        .map(|(_, &v)| v)
-                        .collect(),
+                    ttft_ms: of_tier(&reqs, &res.ttft_ms, tier),
+                    tpot_ms: of_tier(&reqs, &res.tpot_ms, tier),
+                    rejected: of_tier(&reqs, &res.rejected, tier),
                     ..res.clone()
                 };
                 attainment(&sub, &idx, &tiers)
@@ -254,14 +245,26 @@ fn slower_decode(extra_ms: f64) -> Arc<Profile> {
     Arc::new(Profile::from_raw(raw, "<slower decode>").unwrap())
 }
 
+/// tiertp planning on `profile()` while the engine runs on `engine`.
+fn tiertp_on_engine(engine: Arc<Profile>, reqs: &[TraceRequest], s: &SimSettings) -> Result<SimResult, SimError> {
+    simulate(
+        SimProfiles::planning_on_engine(profile(), engine),
+        &tiers(),
+        reqs,
+        "tiertp",
+        s,
+        &mut |_| {},
+    )
+}
+
 #[test]
 fn an_engine_profile_times_the_iterations_the_planning_profile_decided() {
     let reqs = trace(300, 10.0, 2, 5);
     let s = SimSettings::new(4);
     let planned = simulate(profile(), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
-    let same = simulate_on_engine(profile(), profile(), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
+    let same = tiertp_on_engine(profile(), &reqs, &s).unwrap();
     assert_eq!(planned.tpot_ms, same.tpot_ms, "an engine equal to the profile changes nothing");
-    let slow = simulate_on_engine(profile(), slower_decode(5.0), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
+    let slow = tiertp_on_engine(slower_decode(5.0), &reqs, &s).unwrap();
     let replanned = simulate(slower_decode(5.0), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
     let layout = |r: &SimResult| r.timeline.iter().map(|e| e.groups.len()).collect::<Vec<_>>();
     assert_eq!(layout(&slow), layout(&planned), "the policies plan on the planning profile only");
@@ -287,8 +290,6 @@ fn an_engine_profile_times_the_iterations_the_planning_profile_decided() {
 fn an_engine_profile_must_have_the_planning_profiles_tp_levels() {
     let reqs = trace(10, 5.0, 2, 1);
     let tp1 = Arc::new(Profile::from_raw(synthetic::raw_llama8b_like(&[1]), "<tp1 only>").unwrap());
-    let e = simulate_on_engine(profile(), tp1, &tiers(), &reqs, "tiertp", &SimSettings::new(4), &mut |_| {})
-        .unwrap_err()
-        .to_string();
+    let e = tiertp_on_engine(tp1, &reqs, &SimSettings::new(4)).unwrap_err().to_string();
     assert!(e.contains("no TP2 table"), "{e}");
 }
