@@ -18,4 +18,4 @@ pub mod simulator;
 pub use policy::POLICIES;
 pub use result::{ControlEvent, SimResult};
 pub use settings::SimSettings;
-pub use simulator::{simulate, SimProfiles};
+pub use simulator::{simulate, SimError, SimProfiles};

@@ -7,8 +7,7 @@ use tiertp_scheduler::profile::{synthetic, Profile};
 use tiertp_scheduler::stats::TierStats;
 use tiertp_scheduler::tiers::{Tier, TierSet};
 use tiertp_sim::request::TraceRequest;
-use tiertp_sim::simulator::SimError;
-use tiertp_sim::{simulate, SimProfiles, SimResult, SimSettings, POLICIES};
+use tiertp_sim::{simulate, SimError, SimProfiles, SimResult, SimSettings, POLICIES};
 
 fn profile() -> Arc<Profile> {
     Arc::new(synthetic::llama8b_like())
