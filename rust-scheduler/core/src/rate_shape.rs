@@ -138,9 +138,44 @@ impl RateShape {
     }
 }
 
+/// How many consecutive windows a burst lasts, on average: the mean length
+/// of the runs of windows with more arrivals than the mean of `counts`
+/// (consecutive full windows). None with fewer than `MIN_WINDOWS` windows,
+/// or none above the mean. Poisson noise gives runs of about two windows;
+/// a tier whose load shifts for longer gives long ones, so a reading of it
+/// is taken to persist.
+pub fn mean_burst_windows(counts: &[f64]) -> Option<f64> {
+    if counts.len() < MIN_WINDOWS {
+        return None;
+    }
+    let mean = counts.iter().sum::<f64>() / counts.len() as f64;
+    let (mut runs, mut busy) = (0usize, 0usize);
+    let mut in_run = false;
+    for &c in counts {
+        let above = c > mean;
+        if above {
+            busy += 1;
+            if !in_run {
+                runs += 1;
+            }
+        }
+        in_run = above;
+    }
+    (runs > 0).then(|| busy as f64 / runs as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bursts_last_the_mean_run_of_busy_windows() {
+        let counts = [1.0, 9.0, 9.0, 9.0, 1.0, 1.0, 9.0, 1.0, 1.0, 1.0];
+        // Runs of 3 and 1 windows above the mean of 4.2.
+        assert_eq!(mean_burst_windows(&counts), Some(2.0));
+        assert_eq!(mean_burst_windows(&counts[..MIN_WINDOWS - 1]), None, "too few windows");
+        assert_eq!(mean_burst_windows(&[5.0; 10]), None, "no window above the mean");
+    }
 
     #[test]
     fn steady_serves_the_smaller_of_rate_and_capacity() {

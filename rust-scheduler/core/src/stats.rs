@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::prompt_lengths::PromptLengths;
-use crate::rate_shape::RateShape;
+use crate::rate_shape::{self, RateShape};
 use crate::tiers::TierId;
 
 /// Per-tier load the estimator plans for.
@@ -30,6 +30,15 @@ pub struct TierStats {
     /// they are not the arrivals: a prefill group's token budget lets short
     /// prompts in where a long one does not fit, and the rest are shed.
     pub prefilled_prompt_tokens: Option<f64>,
+    /// Requests per second over the observer's memory, or since the tier's
+    /// first arrival when that is more recent: the demand that a burst in
+    /// `arrival_rate` rides on and falls back to.
+    pub sustained_rate: f64,
+    /// How long the tier's bursts last, in seconds: the mean run of
+    /// consecutive windows busier than the memory's mean
+    /// (`rate_shape::mean_burst_windows`). Infinite until enough windows
+    /// were seen: a reading is then taken to persist.
+    pub burst_s: f64,
 }
 
 impl TierStats {
@@ -43,6 +52,8 @@ impl TierStats {
             rate_shape: RateShape::steady(),
             prompt_lengths: PromptLengths::all(mean_prompt_tokens),
             prefilled_prompt_tokens: None,
+            sustained_rate: arrival_rate,
+            burst_s: f64::INFINITY,
         }
     }
 
@@ -72,6 +83,28 @@ impl TierStats {
             prefilled_prompt_tokens,
             ..self
         }
+    }
+
+    /// The same tier with its burst and the rate it falls back to.
+    pub fn with_sustained(self, sustained_rate: f64, burst_s: f64) -> Self {
+        Self {
+            sustained_rate,
+            burst_s,
+            ..self
+        }
+    }
+
+    /// The rate expected on average over the next `horizon_s`: the part of
+    /// `arrival_rate` above `sustained_rate` lasts `burst_s`, then the tier
+    /// falls back. A plan change pays only for what outlasts its switch;
+    /// judged at a burst's peak, a layout built for the burst is committed
+    /// and switched back when it ends, evicting running decodes each time.
+    pub fn rate_over(&self, horizon_s: f64) -> f64 {
+        let burst = (self.arrival_rate - self.sustained_rate).max(0.0);
+        if burst <= 0.0 || horizon_s <= 0.0 || self.burst_s >= horizon_s {
+            return self.arrival_rate;
+        }
+        self.arrival_rate - burst * (1.0 - self.burst_s / horizon_s)
     }
 
     /// Requests per second a capacity of `capacity_rps` serves of this
@@ -107,10 +140,14 @@ impl TierStats {
             ("arrival_rate", self.arrival_rate, 0.0),
             ("mean_prompt_tokens", self.mean_prompt_tokens, 1.0),
             ("mean_output_tokens", self.mean_output_tokens, 1.0),
+            ("sustained_rate", self.sustained_rate, 0.0),
         ] {
             if !v.is_finite() || v < min {
                 return Err(format!("{field} = {v}: must be a finite number >= {min}"));
             }
+        }
+        if self.burst_s.is_nan() || self.burst_s <= 0.0 {
+            return Err(format!("burst_s = {}: must be > 0 (infinite: bursts persist)", self.burst_s));
         }
         Ok(())
     }
@@ -138,9 +175,9 @@ pub const MIN_PREFILLED_SAMPLES: usize = 64;
 /// Records arrivals and summarises them per tier. The rate is the larger of
 /// the rate over the last `horizon_s` (reacts to a burst within a window or
 /// two) and over the last `memory_s` (so a bursty tier that pauses for a few
-/// seconds keeps its GPUs); the rate's shape comes from the longer span: the
-/// arrival counts of the full `window_s` windows since the tier's oldest
-/// remembered arrival. Mean lengths come from the memory's arrivals or, when
+/// seconds keeps its GPUs); the rate's shape and how long its bursts last
+/// come from the longer span: the arrival counts of the full `window_s`
+/// windows since the tier's oldest remembered arrival. Mean lengths come from the memory's arrivals or, when
 /// it holds fewer, the last `MIN_LENGTH_SAMPLES` arrivals, however old.
 /// Tiers that have seen nothing report rate 0 and the prior lengths.
 #[derive(Debug, Clone)]
@@ -156,6 +193,8 @@ pub struct ArrivalObserver {
     /// Per tier, (time, prompt length) of its prefilled requests: those in
     /// the memory, and at least the last `MIN_LENGTH_SAMPLES`.
     prefilled: Vec<VecDeque<(f64, u32)>>,
+    /// Per tier, the time of its first arrival.
+    first_seen: Vec<Option<f64>>,
 }
 
 impl ArrivalObserver {
@@ -172,6 +211,7 @@ impl ArrivalObserver {
             per_tier: vec![VecDeque::new(); num_tiers],
             recent_lengths: vec![VecDeque::new(); num_tiers],
             prefilled: vec![VecDeque::new(); num_tiers],
+            first_seen: vec![None; num_tiers],
         }
     }
 
@@ -198,6 +238,7 @@ impl ArrivalObserver {
     }
 
     pub fn record(&mut self, tier: TierId, time_s: f64, prompt_tokens: u32, output_tokens: u32) {
+        self.first_seen[tier].get_or_insert(time_s);
         self.per_tier[tier].push_back(Arrival {
             time_s,
             prompt_tokens,
@@ -219,7 +260,8 @@ impl ArrivalObserver {
             .iter_mut()
             .zip(&self.recent_lengths)
             .zip(prefilled)
-            .map(|((q, lengths), prefilled_prompt_tokens)| {
+            .zip(&self.first_seen)
+            .map(|(((q, lengths), prefilled_prompt_tokens), first_seen)| {
                 while q.front().is_some_and(|a| a.time_s <= cutoff) {
                     q.pop_front();
                 }
@@ -240,18 +282,24 @@ impl ArrivalObserver {
                         rate_shape: prior.rate_shape,
                         prompt_lengths,
                         prefilled_prompt_tokens,
+                        sustained_rate: 0.0,
+                        burst_s: f64::INFINITY,
                     };
                 }
                 let n = q.len() as f64;
                 let recent = q.iter().rev().take_while(|a| a.time_s > now_s - horizon).count() as f64;
+                let seen_for = (now_s - first_seen.unwrap_or(now_s)).clamp(horizon, memory);
+                let counts = window_counts(q, now_s, window);
                 TierStats {
                     arrival_rate: (recent / horizon).max(n / memory),
                     mean_prompt_tokens,
                     mean_output_tokens,
                     resident_output_tokens,
-                    rate_shape: RateShape::from_counts(&window_counts(q, now_s, window)),
+                    rate_shape: RateShape::from_counts(&counts),
                     prompt_lengths,
                     prefilled_prompt_tokens,
+                    sustained_rate: n / seen_for,
+                    burst_s: rate_shape::mean_burst_windows(&counts).map_or(f64::INFINITY, |w| w * window),
                 }
             })
             .collect()
@@ -417,5 +465,40 @@ mod tests {
         // At its mean rate the bursty tier is served a fraction of it.
         let mean = s[1].arrival_rate;
         assert!(s[1].served(1.0, mean) < 0.5 * mean);
+    }
+
+    #[test]
+    fn a_burst_is_read_with_the_rate_it_falls_back_to_and_how_long_it_lasts() {
+        let mut o = ArrivalObserver::new(1, 2.0, 30.0, 1.0, TierStats::new(0.0, 512.0, 128.0));
+        // 2/s for 20 s, with one burst of 40 in the last window.
+        for k in 0..40 {
+            o.record(0, f64::from(k) * 0.5, 100, 10);
+        }
+        for k in 0..40 {
+            o.record(0, 19.0 + f64::from(k) * 0.025, 100, 10);
+        }
+        let s = o.snapshot(20.0)[0];
+        assert_eq!(s.arrival_rate, 21.5, "the short horizon's 43 in 2 s");
+        // 80 arrivals since the tier's first, 20 s ago (the memory is 30 s).
+        assert_eq!(s.sustained_rate, 4.0);
+        // One window of 42 above a mean of 4: bursts last a window.
+        assert_eq!(s.burst_s, 1.0);
+        // Over a 10 s horizon the burst's 17.5/s above the sustained rate
+        // counts for one second of ten.
+        assert!((s.rate_over(10.0) - 5.75).abs() < 1e-9, "{}", s.rate_over(10.0));
+    }
+
+    #[test]
+    fn a_reading_persists_until_bursts_were_seen() {
+        let mut o = ArrivalObserver::new(1, 2.0, 30.0, 1.0, TierStats::new(0.0, 512.0, 128.0));
+        for k in 0..20 {
+            o.record(0, 2.0 + f64::from(k) * 0.05, 100, 10);
+        }
+        // Three windows seen, fewer than a rate shape needs.
+        let s = o.snapshot(3.0)[0];
+        assert_eq!(s.burst_s, f64::INFINITY);
+        assert_eq!(s.rate_over(10.0), s.arrival_rate);
+        // A tier read as steady keeps its rate whatever the horizon.
+        assert_eq!(TierStats::new(7.0, 100.0, 10.0).rate_over(10.0), 7.0);
     }
 }

@@ -2,10 +2,12 @@
 //! is expected to gain over the next windows outweighs what switching costs.
 //!
 //! - gain: (weighted goodput of the proposal − of the current plan, both
-//!   under the same new stats) × the commit horizon;
+//!   at the rates expected over the horizon, where a burst counts for as
+//!   long as the tier's bursts last: `TierStats::rate_over`) × the commit
+//!   horizon;
 //! - cost: every current group that does not survive stops for a switch
-//!   (`SwitchCost`: stop time plus its live KV moved); it loses its weighted
-//!   goodput for that long;
+//!   (`SwitchCost`: stop time plus its live KV moved); it loses what its
+//!   tier's demand uses of it for that long (an idle group loses nothing);
 //! - and the proposal must beat the current plan by the hysteresis margin,
 //!   so noise in the observed rates does not move GPUs.
 //!
@@ -28,6 +30,9 @@ pub struct CommitInput<'a> {
     pub proposal: &'a Plan,
     pub current_objective: f64,
     pub proposed_objective: f64,
+    /// `proposed_objective − current_objective` at the rates expected over
+    /// the horizon.
+    pub horizon_gain_rps: f64,
     pub hysteresis: f64,
     pub horizon_s: f64,
     pub switch_cost: SwitchCost,
@@ -56,9 +61,9 @@ fn short_of_floor(fraction: f64, estimates: &[TierEstimate], plan: &Plan) -> usi
     fairness::tiers_short(fraction, &demand, &served)
 }
 
-/// Weighted requests a switch from `current` to `proposal` loses: each
-/// stopped group's weighted goodput over its stop time, and the running
-/// requests that do not fit the proposal's decode slots.
+/// Weighted requests a switch from `current` to `proposal` loses: what each
+/// stopped group serves of its tier's demand over its stop time, and the
+/// running requests that do not fit the proposal's decode slots.
 pub fn switch_loss(i: &CommitInput) -> f64 {
     let mut loss = evicted(i);
     for g in &i.current.groups {
@@ -71,7 +76,7 @@ pub fn switch_loss(i: &CommitInput) -> f64 {
             Role::Decode | Role::Colocated => f64::from(g.batch_cap) * s.decode_context_tokens(s.mean_prompt_tokens),
         };
         let stop_s = i.switch_cost.switch_ms(live_tokens * i.kv_bytes_per_token) / 1e3;
-        loss += i.tiers[g.tier].weight * g.capacity_rps * stop_s;
+        loss += i.tiers[g.tier].weight * g.capacity_rps * busy_share(i, g.tier) * stop_s;
     }
     loss
 }
@@ -132,7 +137,7 @@ pub fn worth_committing(i: &CommitInput) -> bool {
     if i.proposed_objective <= i.current_objective * (1.0 + i.hysteresis) + 1e-9 {
         return false;
     }
-    let gain = (i.proposed_objective - i.current_objective) * i.horizon_s;
+    let gain = i.horizon_gain_rps * i.horizon_s;
     gain > switch_loss(i)
 }
 
@@ -188,6 +193,7 @@ mod tests {
             proposal: &proposal,
             current_objective: 40.0,
             proposed_objective: 40.0 + objective_gain_rps,
+            horizon_gain_rps: objective_gain_rps,
             hysteresis: 0.05,
             horizon_s: 10.0,
             switch_cost: SwitchCost {
@@ -196,6 +202,41 @@ mod tests {
             },
             kv_bytes_per_token: 0.0,
         })
+    }
+
+    #[test]
+    fn stopping_groups_costs_what_their_demand_used_of_them() {
+        let tiers = [Tier::slo_tier("chat", 200.0, 10.0, 1.0)];
+        let profile = synthetic::llama8b_like();
+        let at = |rate: f64| [estimate_tier(&profile, 0, &tiers[0], TierStats::new(rate, 1000.0, 200.0), &[4])];
+        let current = plan(&[(Role::Prefill, 40.0, 8), (Role::Decode, 40.0, 100)], 40.0);
+        let proposal = plan(&[(Role::Decode, 40.0, 100), (Role::Prefill, 40.0, 8)], 40.0);
+        let loss = |rate: f64| {
+            let estimates = at(rate);
+            switch_loss(&CommitInput {
+                tiers: &tiers,
+                estimates: &estimates,
+                current: &current,
+                proposal: &proposal,
+                current_objective: rate,
+                proposed_objective: rate,
+                horizon_gain_rps: 0.0,
+                hysteresis: 0.05,
+                horizon_s: 10.0,
+                switch_cost: SwitchCost {
+                    stop_ms: 1000.0,
+                    kv_gbps: 1e6,
+                },
+                kv_bytes_per_token: 0.0,
+            })
+        };
+        // Both groups stop for a second; the decode slots stay the same.
+        assert_eq!(loss(0.0), 0.0, "an idle tier loses nothing");
+        assert!(
+            (loss(20.0) - 40.0).abs() < 1e-6,
+            "half busy: each group loses 20 requests, {}",
+            loss(20.0)
+        );
     }
 
     #[test]

@@ -331,6 +331,9 @@ impl Planner {
         });
         let (plan, changed, current_objective) = match current {
             Some((refreshed, cur_obj)) => {
+                let horizon_gain_rps = self
+                    .gain_over_horizon(stats, &refreshed, &proposal)?
+                    .unwrap_or(proposed_objective - cur_obj);
                 let input = commit::CommitInput {
                     tiers: self.tiers.tiers(),
                     estimates: &estimates,
@@ -338,6 +341,7 @@ impl Planner {
                     proposal: &proposal,
                     current_objective: cur_obj,
                     proposed_objective,
+                    horizon_gain_rps,
                     hysteresis: self.config.hysteresis,
                     horizon_s: self.config.commit_horizon_s,
                     switch_cost: self.switch_cost(),
@@ -362,6 +366,28 @@ impl Planner {
             current_objective,
             estimates,
         })
+    }
+
+    /// The proposal's objective minus the current plan's at the rates
+    /// expected over the commit horizon (`TierStats::rate_over`); None when
+    /// no tier is in a burst that ends within it (the rates are the
+    /// observed ones).
+    fn gain_over_horizon(&self, stats: &[TierStats], current: &Plan, proposal: &Plan) -> Result<Option<f64>, PlanError> {
+        let horizon_s = self.config.commit_horizon_s;
+        if stats.iter().all(|s| s.rate_over(horizon_s) >= s.arrival_rate) {
+            return Ok(None);
+        }
+        let expected: Vec<TierStats> = stats
+            .iter()
+            .map(|s| TierStats {
+                arrival_rate: s.rate_over(horizon_s),
+                ..*s
+            })
+            .collect();
+        let estimates = self.estimate(&expected)?;
+        let tiers = self.tiers.tiers();
+        let value = |plan: &Plan| objective(tiers, &estimates, &self.refresh(plan, &estimates));
+        Ok(Some(value(proposal) - value(current)))
     }
 
     /// The current plan's groups with capacities and caps recomputed under
@@ -412,7 +438,7 @@ impl Planner {
                     g.capacity_rps = pooled.capacity_rps;
                     g.served_share = pooled.served_share;
                 }
-                g.capacity_rps *= self.config.target_utilization;
+                g.capacity_rps *= counted_utilization(role, self.config.target_utilization);
                 g
             })
             .collect();
@@ -453,13 +479,28 @@ impl Planner {
                 Some(&(_, _, c)) => c,
                 None => {
                     let c = estimator::decode_within_share(&self.profile, &tiers[g.tier], stats, g.tp, share).throughput_rps
-                        * self.config.target_utilization;
+                        * counted_utilization(Role::Decode, self.config.target_utilization);
                     memo.push((g.tier, g.tp, c));
                     c
                 }
             };
             g.capacity_rps = g.capacity_rps.max(capacity);
         }
+    }
+}
+
+/// The share of a group's SLO-compliant throughput a plan is valued at.
+/// Prefill-capable groups at `target`: near saturation, queueing alone
+/// breaks the TTFT. A decode group's throughput is that of its largest
+/// batch within the TPOT, so a full group still meets it, and a request
+/// that finds no slot waits at the hand-off only as long as its TPOT
+/// budget allows: it delivers the whole. Valued at `target` too, a
+/// capacity-bound prefill/decode pair ranked below prefill layouts that
+/// served less. The greedy still buys decode with `target`'s headroom.
+fn counted_utilization(role: Role, target: f64) -> f64 {
+    match role {
+        Role::Decode => 1.0,
+        Role::Prefill | Role::Colocated => target,
     }
 }
 

@@ -107,6 +107,9 @@ fn merged_stats(estimates: &[TierEstimate], members: &[usize]) -> TierStats {
         rate_shape: RateShape::pooled(&shapes),
         prompt_lengths: PromptLengths::mixture(&lengths).unwrap_or(host.prompt_lengths),
         prefilled_prompt_tokens: (seen_rate > 0.0).then(|| seen_tokens / seen_rate),
+        sustained_rate: members.iter().map(|&m| estimates[m].stats.sustained_rate).sum(),
+        // A pool's burst lasts as long as its most persistent member's.
+        burst_s: members.iter().map(|&m| estimates[m].stats.burst_s).fold(0.0, f64::max),
     }
 }
 

@@ -149,6 +149,28 @@ fn a_real_shift_moves_only_the_gpus_that_change() {
 }
 
 #[test]
+fn a_burst_moves_gpus_only_if_bursts_outlast_the_switch() {
+    let tiers = vec![
+        Tier::slo_tier("chat", 800.0, 50.0, 1.0),
+        Tier::slo_tier("agent", 4000.0, 150.0, 1.0),
+    ];
+    let calm = [TierStats::new(20.0, 800.0, 150.0), TierStats::new(1.0, 2000.0, 300.0)];
+    let burst = |burst_s: f64| [calm[0], TierStats::new(30.0, 2000.0, 300.0).with_sustained(1.0, burst_s)];
+    let step_after_calm = |burst_s: f64| {
+        let mut p = planner(tiers.clone(), 16);
+        p.step(&calm).unwrap();
+        p.step(&burst(burst_s)).unwrap()
+    };
+    // Read as lasting (unknown length, or longer than the commit horizon),
+    // the burst moves GPUs to the agent tier; a burst of this tier lasts a
+    // second, and moving for it would not repay the switch.
+    assert!(step_after_calm(f64::INFINITY).changed);
+    assert!(step_after_calm(20.0).changed);
+    let out = step_after_calm(1.0);
+    assert!(!out.changed, "{out:?}");
+}
+
+#[test]
 fn no_demand_spreads_gpus_over_tiers() {
     let tiers = vec![
         Tier::slo_tier("a", 800.0, 50.0, 1.0),
@@ -411,8 +433,8 @@ fn decode_is_counted_for_the_prompts_the_plans_prefill_serves() {
     let p = Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap();
     let stats = long_tailed(5.0, 567, 2300);
     let estimates = p.estimate(&[stats]).unwrap();
-    let util = PlannerConfig::default().target_utilization;
-    let whole_set = estimates[0].at(2).unwrap().decode.throughput_rps * util;
+    // A decode group is valued at its whole throughput (`counted_utilization`).
+    let whole_set = estimates[0].at(2).unwrap().decode.throughput_rps;
     let decode_capacity = |prefill_tp: u32| {
         let plan = p.build_plan(&[(0, Role::Prefill, prefill_tp, 0), (0, Role::Decode, 2, 2)], &estimates, None);
         let d = plan.groups.iter().find(|g| g.role == Role::Decode).unwrap();
@@ -422,6 +444,6 @@ fn decode_is_counted_for_the_prompts_the_plans_prefill_serves() {
     let (share, capacity) = decode_capacity(1);
     assert_eq!(share, 0.75);
     let short = crate::estimator::decode_within_share(p.profile(), &tier, &stats, 2, 0.75);
-    assert_eq!(capacity, short.throughput_rps * util);
+    assert_eq!(capacity, short.throughput_rps);
     assert!(capacity > 1.2 * whole_set, "{capacity} against {whole_set}");
 }
