@@ -30,9 +30,6 @@ pub struct CommitInput<'a> {
     pub proposal: &'a Plan,
     pub current_objective: f64,
     pub proposed_objective: f64,
-    /// `proposed_objective − current_objective` at the rates expected over
-    /// the horizon.
-    pub horizon_gain_rps: f64,
     pub hysteresis: f64,
     pub horizon_s: f64,
     pub switch_cost: SwitchCost,
@@ -120,7 +117,10 @@ fn evicted(i: &CommitInput) -> f64 {
     (busy - after) * weighted_busy / busy
 }
 
-pub fn worth_committing(i: &CommitInput) -> bool {
+/// `horizon_gain_rps`: `proposed_objective − current_objective` at the
+/// rates expected over the horizon, worked out only for a proposal that
+/// passes the margin (it re-estimates both plans).
+pub fn worth_committing(i: &CommitInput, horizon_gain_rps: impl FnOnce() -> f64) -> bool {
     if starved(i.estimates, i.proposal) < starved(i.estimates, i.current) {
         return true;
     }
@@ -137,7 +137,7 @@ pub fn worth_committing(i: &CommitInput) -> bool {
     if i.proposed_objective <= i.current_objective * (1.0 + i.hysteresis) + 1e-9 {
         return false;
     }
-    let gain = i.horizon_gain_rps * i.horizon_s;
+    let gain = horizon_gain_rps() * i.horizon_s;
     gain > switch_loss(i)
 }
 
@@ -177,6 +177,30 @@ mod tests {
         }
     }
 
+    /// A commit between `current` and `proposal` valued at `objectives`
+    /// (current, proposed), each stopped group stopping `stop_ms`.
+    fn input<'a>(
+        tiers: &'a [Tier],
+        estimates: &'a [TierEstimate],
+        current: &'a Plan,
+        proposal: &'a Plan,
+        objectives: (f64, f64),
+        stop_ms: f64,
+    ) -> CommitInput<'a> {
+        CommitInput {
+            tiers,
+            estimates,
+            current,
+            proposal,
+            current_objective: objectives.0,
+            proposed_objective: objectives.1,
+            hysteresis: 0.05,
+            horizon_s: 10.0,
+            switch_cost: SwitchCost { stop_ms, kv_gbps: 1e6 },
+            kv_bytes_per_token: 0.0,
+        }
+    }
+
     /// Current: one prefill and two full decode groups (100 running each);
     /// proposal: two prefill groups and one decode group.
     fn commit_with_gain(objective_gain_rps: f64) -> bool {
@@ -186,21 +210,9 @@ mod tests {
         let (prefill, decode) = ((Role::Prefill, 40.0, 8), (Role::Decode, 30.0, 100));
         let current = plan(&[prefill, decode, decode], 40.0);
         let proposal = plan(&[prefill, prefill, decode], 30.0);
-        worth_committing(&CommitInput {
-            tiers: &tiers,
-            estimates: &estimates,
-            current: &current,
-            proposal: &proposal,
-            current_objective: 40.0,
-            proposed_objective: 40.0 + objective_gain_rps,
-            horizon_gain_rps: objective_gain_rps,
-            hysteresis: 0.05,
-            horizon_s: 10.0,
-            switch_cost: SwitchCost {
-                stop_ms: 1.0,
-                kv_gbps: 1e6,
-            },
-            kv_bytes_per_token: 0.0,
+        let objectives = (40.0, 40.0 + objective_gain_rps);
+        worth_committing(&input(&tiers, &estimates, &current, &proposal, objectives, 1.0), || {
+            objective_gain_rps
         })
     }
 
@@ -213,24 +225,10 @@ mod tests {
         let proposal = plan(&[(Role::Decode, 40.0, 100), (Role::Prefill, 40.0, 8)], 40.0);
         let loss = |rate: f64| {
             let estimates = at(rate);
-            switch_loss(&CommitInput {
-                tiers: &tiers,
-                estimates: &estimates,
-                current: &current,
-                proposal: &proposal,
-                current_objective: rate,
-                proposed_objective: rate,
-                horizon_gain_rps: 0.0,
-                hysteresis: 0.05,
-                horizon_s: 10.0,
-                switch_cost: SwitchCost {
-                    stop_ms: 1000.0,
-                    kv_gbps: 1e6,
-                },
-                kv_bytes_per_token: 0.0,
-            })
+            // Every stopped group stops for a second.
+            switch_loss(&input(&tiers, &estimates, &current, &proposal, (rate, rate), 1000.0))
         };
-        // Both groups stop for a second; the decode slots stay the same.
+        // Both groups stop; the decode slots stay the same.
         assert_eq!(loss(0.0), 0.0, "an idle tier loses nothing");
         assert!(
             (loss(20.0) - 40.0).abs() < 1e-6,

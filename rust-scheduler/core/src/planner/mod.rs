@@ -331,9 +331,6 @@ impl Planner {
         });
         let (plan, changed, current_objective) = match current {
             Some((refreshed, cur_obj)) => {
-                let horizon_gain_rps = self
-                    .gain_over_horizon(stats, &refreshed, &proposal)?
-                    .unwrap_or(proposed_objective - cur_obj);
                 let input = commit::CommitInput {
                     tiers: self.tiers.tiers(),
                     estimates: &estimates,
@@ -341,13 +338,16 @@ impl Planner {
                     proposal: &proposal,
                     current_objective: cur_obj,
                     proposed_objective,
-                    horizon_gain_rps,
                     hysteresis: self.config.hysteresis,
                     horizon_s: self.config.commit_horizon_s,
                     switch_cost: self.switch_cost(),
                     kv_bytes_per_token: self.profile.kv_bytes_per_token.unwrap_or(0) as f64,
                 };
-                if commit::worth_committing(&input) {
+                let horizon_gain_rps = || {
+                    self.gain_over_horizon(stats, &refreshed, &proposal)
+                        .unwrap_or(proposed_objective - cur_obj)
+                };
+                if commit::worth_committing(&input, horizon_gain_rps) {
                     (proposal, true, Some(cur_obj))
                 } else {
                     (refreshed, false, Some(cur_obj))
@@ -372,11 +372,8 @@ impl Planner {
     /// expected over the commit horizon (`TierStats::rate_over`); None when
     /// no tier is in a burst that ends within it (the rates are the
     /// observed ones).
-    fn gain_over_horizon(&self, stats: &[TierStats], current: &Plan, proposal: &Plan) -> Result<Option<f64>, PlanError> {
+    fn gain_over_horizon(&self, stats: &[TierStats], current: &Plan, proposal: &Plan) -> Option<f64> {
         let horizon_s = self.config.commit_horizon_s;
-        if stats.iter().all(|s| s.rate_over(horizon_s) >= s.arrival_rate) {
-            return Ok(None);
-        }
         let expected: Vec<TierStats> = stats
             .iter()
             .map(|s| TierStats {
@@ -384,10 +381,14 @@ impl Planner {
                 ..*s
             })
             .collect();
-        let estimates = self.estimate(&expected)?;
-        let tiers = self.tiers.tiers();
-        let value = |plan: &Plan| objective(tiers, &estimates, &self.refresh(plan, &estimates));
-        Ok(Some(value(proposal) - value(current)))
+        if expected.iter().zip(stats).all(|(e, s)| e.arrival_rate >= s.arrival_rate) {
+            return None;
+        }
+        // Checked as `stats` were; a rate over the horizon lies between the
+        // sustained and the observed one.
+        let estimates = estimate_all(&self.profile, self.tiers.tiers(), &expected, &self.tp_levels);
+        let value = |plan: &Plan| objective(self.tiers.tiers(), &estimates, &self.refresh(plan, &estimates));
+        Some(value(proposal) - value(current))
     }
 
     /// The current plan's groups with capacities and caps recomputed under

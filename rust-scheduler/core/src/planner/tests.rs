@@ -123,12 +123,17 @@ fn hysteresis_keeps_the_plan_under_small_changes() {
     assert_eq!(firsts, seconds);
 }
 
-#[test]
-fn a_real_shift_moves_only_the_gpus_that_change() {
-    let tiers = vec![
+/// A tight tier and a loose one, weighted alike.
+fn chat_and_agent() -> Vec<Tier> {
+    vec![
         Tier::slo_tier("chat", 800.0, 50.0, 1.0),
         Tier::slo_tier("agent", 4000.0, 150.0, 1.0),
-    ];
+    ]
+}
+
+#[test]
+fn a_real_shift_moves_only_the_gpus_that_change() {
+    let tiers = chat_and_agent();
     let mut p = planner(tiers, 16);
     p.step(&[TierStats::new(20.0, 800.0, 150.0), TierStats::new(1.0, 2000.0, 300.0)])
         .unwrap();
@@ -150,10 +155,7 @@ fn a_real_shift_moves_only_the_gpus_that_change() {
 
 #[test]
 fn a_burst_moves_gpus_only_if_bursts_outlast_the_switch() {
-    let tiers = vec![
-        Tier::slo_tier("chat", 800.0, 50.0, 1.0),
-        Tier::slo_tier("agent", 4000.0, 150.0, 1.0),
-    ];
+    let tiers = chat_and_agent();
     let calm = [TierStats::new(20.0, 800.0, 150.0), TierStats::new(1.0, 2000.0, 300.0)];
     let burst = |burst_s: f64| [calm[0], TierStats::new(30.0, 2000.0, 300.0).with_sustained(1.0, burst_s)];
     let step_after_calm = |burst_s: f64| {
