@@ -167,6 +167,7 @@ def test_failures_carry_their_reason(server_factory, kind, failure, status, etyp
     assert rec.failure.kind == failure
     assert rec.failure.http_status == status and rec.failure.error_type == etype
     assert rec.failure.message
+    assert to_sim_result([rec])["rejected_why"] == [rec.failure.label()]
 
 
 def test_time_limits_fail_slow_requests_with_a_clear_reason(server_factory):

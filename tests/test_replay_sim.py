@@ -13,6 +13,7 @@ import pytest
 
 from tiertp import _scheduler as s
 from tiertp.replay import ReplayConfig, TierRule, build_workload, cut_load, replay, variants
+from tiertp.replay.metrics import UNKNOWN_REASON
 from tiertp.replay.policies import SWEPT
 from tiertp.replay.runner import SimContext, run_once
 from tiertp.replay.tier_configs import TIER_CONFIGS
@@ -65,6 +66,9 @@ def test_every_policy_conserves_requests(profile, tiers, gpus):
             m = out.metrics
             assert m.completed + m.rejected == m.requests == len(load.trace), (policy, settings)
             assert sum(t.requests for t in m.tiers) == m.requests
+            # Every rejection says why, in the report as in the result.
+            assert sum(m.rejected_by.values()) == m.rejected and UNKNOWN_REASON not in m.rejected_by, (policy, m.rejected_by)
+            assert all(sum(t.rejected_by.values()) == t.rejected for t in m.tiers)
 
 
 def test_far_below_capacity_every_policy_meets_its_slos(profile, tmp_path):

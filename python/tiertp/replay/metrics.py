@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -33,7 +34,8 @@ class TierMetrics:
     """One tier in one run. `met`: requests completed within both SLOs (a
     background tier: completed); `attainment` = met / requests (None when the
     tier had no requests); percentiles over completed requests (None when
-    none completed); TPOT over requests with more than one output token."""
+    none completed); TPOT over requests with more than one output token;
+    `rejected_by`: the rejected requests by why (`rejected_reasons`)."""
 
     tier: str
     requests: int
@@ -44,6 +46,7 @@ class TierMetrics:
     goodput_rps: float
     ttft_ms: dict[str, float | None]
     tpot_ms: dict[str, float | None]
+    rejected_by: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class RunMetrics:
     offered_rps: float
     window_s: float
     tiers: list[TierMetrics]
+    rejected_by: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -112,6 +116,26 @@ def slo_met(slos: list[TierSlo], tier: np.ndarray, completed: np.ndarray, ttft: 
         return completed & (ttft <= ttft_slo) & tpot_ok
 
 
+# A rejected request whose result does not say why.
+UNKNOWN_REASON = "unknown"
+
+
+def rejected_reasons(result: dict, completed: np.ndarray) -> np.ndarray:
+    """Per request, why it was rejected (None where it completed): the
+    result's `rejected_why` (the simulator's shed reasons, as the gateway
+    names them, or its other causes; a live run's failure labels), else
+    UNKNOWN_REASON."""
+    why = result.get("rejected_why")
+    if why is None:
+        why = [None] * len(completed)
+    return np.array([None if done else (w or UNKNOWN_REASON) for w, done in zip(why, completed, strict=True)],
+                    dtype=object)
+
+
+def _count(reasons: np.ndarray) -> dict[str, int]:
+    return dict(sorted(Counter(r for r in reasons if r is not None).items()))
+
+
 def compute_metrics(result: dict, tier: np.ndarray, output_tokens: np.ndarray, slos: list[TierSlo],
                     window_s: float) -> RunMetrics:
     """The figures of one conserved simulator result (see conservation.py)."""
@@ -119,6 +143,7 @@ def compute_metrics(result: dict, tier: np.ndarray, output_tokens: np.ndarray, s
     ttft = np.asarray(result["ttft_ms"], dtype=np.float64)
     tpot = np.asarray(result["tpot_ms"], dtype=np.float64)
     met = slo_met(slos, tier, completed, ttft, tpot, output_tokens)
+    why = rejected_reasons(result, completed)
     tiers = []
     for i, slo in enumerate(slos):
         mine = tier == i
@@ -134,6 +159,7 @@ def compute_metrics(result: dict, tier: np.ndarray, output_tokens: np.ndarray, s
             goodput_rps=float((mine & met).sum() / window_s),
             ttft_ms=percentiles(ttft[done]),
             tpot_ms=percentiles(tpot[done & (output_tokens > 1)]),
+            rejected_by=_count(why[mine]),
         ))
     n = len(tier)
     return RunMetrics(
@@ -146,4 +172,5 @@ def compute_metrics(result: dict, tier: np.ndarray, output_tokens: np.ndarray, s
         offered_rps=n / window_s,
         window_s=window_s,
         tiers=tiers,
+        rejected_by=_count(why),
     )

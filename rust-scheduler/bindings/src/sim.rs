@@ -15,6 +15,10 @@ use crate::tiers::TierSet;
 /// indices into `tiers.names`. Unset options take the simulator's defaults.
 /// `engine_profile`: what the engine's iterations take, when the policies
 /// plan with a `profile` that is not the engine (default: `profile`).
+/// Per request, `status` is "completed" or "rejected", and `rejected_why`
+/// says why a rejected one was (a shed reason as the gateway names it, or
+/// `deadline_passed`, `no_group`, `kv_too_large`, `unfinished`,
+/// `control_error`; None where it completed).
 #[pyfunction]
 #[pyo3(signature = (profile, tiers, arrival_s, tier, prompt_tokens, output_tokens, gpus, policy,
                     gpus_per_node = None, tp = None, prefill_share = None, window_s = None,
@@ -111,10 +115,14 @@ pub fn simulate<'py>(
     out.set_item("finish_s", res.finish_s)?;
     out.set_item(
         "status",
-        res.rejected
+        res.rejections
             .iter()
-            .map(|&r| if r { "rejected" } else { "completed" })
+            .map(|r| if r.is_some() { "rejected" } else { "completed" })
             .collect::<Vec<_>>(),
+    )?;
+    out.set_item(
+        "rejected_why",
+        res.rejections.iter().map(|r| r.map(|r| r.name())).collect::<Vec<_>>(),
     )?;
     out.set_item("timeline", convert::to_py(py, &Value::Array(timeline))?)?;
     out.set_item("switches", res.switches)?;

@@ -12,11 +12,12 @@ use tiertp_gateway::control::{Control, ControlConfig};
 use tiertp_gateway::error::ApiError;
 use tiertp_gateway::metrics::Metrics;
 use tiertp_gateway::worker::WorkerClient;
-use tiertp_scheduler::control::Handoff;
+use tiertp_scheduler::control::{Handoff, ShedReason};
 use tiertp_scheduler::planner::PlannerConfig;
 use tiertp_scheduler::profile::synthetic;
 use tiertp_scheduler::tiers::{Tier, TierSet};
 use tiertp_sim::policy::Route;
+use tiertp_sim::rejection::Rejection;
 use tiertp_sim::request::TraceRequest;
 use tiertp_sim::{simulate, ControlEvent, SimSettings};
 
@@ -98,7 +99,13 @@ async fn the_gateway_decides_what_the_simulator_decided() {
                         assert_eq!((*key, *class), (p.key, p.class), "request {request} at {time_s}");
                         admitted += 1;
                     }
-                    (Route::Reject, Err(ApiError::Overloaded { .. } | ApiError::NoCapacity(_))) => shed += 1,
+                    // Shed by both, for the same reason (the 503's message names it).
+                    (Route::Reject(Rejection::Shed(reason)), Err(ApiError::Overloaded { message, .. }))
+                        if message.contains(reason.name()) =>
+                    {
+                        shed += 1
+                    }
+                    (Route::Reject(Rejection::Shed(ShedReason::NoCapacity)), Err(ApiError::NoCapacity(_))) => shed += 1,
                     (want, got) => panic!("request {request} at {time_s}: simulator {want:?}, gateway {got:?}"),
                 }
             }

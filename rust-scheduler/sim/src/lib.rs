@@ -10,6 +10,7 @@
 
 pub mod engine;
 pub mod policy;
+pub mod rejection;
 pub mod request;
 pub mod result;
 pub mod settings;

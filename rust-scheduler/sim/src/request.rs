@@ -2,6 +2,8 @@
 
 use tiertp_scheduler::tiers::TierId;
 
+use crate::rejection::Rejection;
+
 /// One trace request, as replayed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TraceRequest {
@@ -18,7 +20,8 @@ pub struct Progress {
     pub generated: u32,
     pub first_token_s: f64,
     pub finish_s: f64,
-    pub rejected: bool,
+    /// Set when it was rejected, with why.
+    pub rejection: Option<Rejection>,
 }
 
 impl Default for Progress {
@@ -28,14 +31,14 @@ impl Default for Progress {
             generated: 0,
             first_token_s: f64::NAN,
             finish_s: f64::NAN,
-            rejected: false,
+            rejection: None,
         }
     }
 }
 
 impl Progress {
     pub fn done(&self) -> bool {
-        self.rejected || !self.finish_s.is_nan()
+        self.rejection.is_some() || !self.finish_s.is_nan()
     }
 }
 

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::engine::GroupSpec;
 use crate::policy::Route;
+use crate::rejection::Rejection;
 
 /// One control decision of a run, in order (recorded when
 /// `SimSettings::record_control` is set): what the control loop was told
@@ -42,7 +43,8 @@ pub struct SimResult {
     pub ttft_ms: Vec<f64>,
     pub tpot_ms: Vec<f64>,
     pub finish_s: Vec<f64>,
-    pub rejected: Vec<bool>,
+    /// Per request: why it was rejected; None where it completed.
+    pub rejections: Vec<Option<Rejection>>,
     pub timeline: Vec<TimelineEntry>,
     /// Groups started by plan changes (each paid a switch).
     pub switches: u64,

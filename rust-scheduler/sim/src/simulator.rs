@@ -17,6 +17,7 @@ use tiertp_scheduler::topology::Cluster;
 
 use crate::engine::{GroupSim, GroupSpec, Outcome};
 use crate::policy::{self, Ctx, Policy, Route};
+use crate::rejection::Rejection;
 use crate::request::{kv_reservation, Progress, TraceRequest};
 use crate::result::{ControlEvent, SimResult, TimelineEntry};
 use crate::settings::SimSettings;
@@ -239,7 +240,7 @@ pub fn simulate(
     }
     // Anything left never finished within the drain limit.
     for p in sim.progress.iter_mut().filter(|p| !p.done()) {
-        p.rejected = true;
+        p.rejection = Some(Rejection::Unfinished);
     }
     progress_cb(1.0);
     Ok(sim.result(policy_name, wall.elapsed().as_secs_f64()))
@@ -370,7 +371,7 @@ impl Sim<'_> {
     /// rejects it.
     fn place(&mut self, i: u32, route: Route, delay_s: f64) {
         match route {
-            Route::Reject => self.reject(i),
+            Route::Reject(why) => self.reject(i, why),
             Route::Wait => {}
             Route::To(key, class) => {
                 if delay_s > 0.0 {
@@ -382,10 +383,10 @@ impl Sim<'_> {
         }
     }
 
-    fn reject(&mut self, i: u32) {
+    fn reject(&mut self, i: u32, why: Rejection) {
         let p = &mut self.progress[i as usize];
         if !p.done() {
-            p.rejected = true;
+            p.rejection = Some(why);
             self.remaining -= 1;
             self.policy.on_finish(i, self.now);
             let time_s = self.now;
@@ -421,7 +422,7 @@ impl Sim<'_> {
             return self.place(i, route, 0.0);
         };
         if kv_reservation(&self.ctx.reqs[i as usize]) > self.groups[g].kv_capacity {
-            return self.reject(i);
+            return self.reject(i, Rejection::KvTooLarge);
         }
         // A request not yet started must begin prefill before its TTFT runs
         // out (less the prefill itself, which the batch policy cannot know);
@@ -453,7 +454,7 @@ impl Sim<'_> {
             // must not take a batch slot (the batch policy's rule).
             let expired = grp.take_expired(self.now, self.ctx.reqs, &self.progress);
             for i in expired {
-                self.reject(i);
+                self.reject(i, Rejection::DeadlinePassed);
             }
         }
         let grp = &mut self.groups[g];
@@ -612,9 +613,9 @@ impl Sim<'_> {
         let mut ttft = Vec::with_capacity(reqs.len());
         let mut tpot = Vec::with_capacity(reqs.len());
         let mut finish = Vec::with_capacity(reqs.len());
-        let mut rejected = Vec::with_capacity(reqs.len());
+        let mut rejections = Vec::with_capacity(reqs.len());
         for (r, p) in reqs.iter().zip(&self.progress) {
-            if p.rejected {
+            if p.rejection.is_some() {
                 ttft.push(f64::NAN);
                 tpot.push(f64::NAN);
                 finish.push(f64::NAN);
@@ -628,7 +629,7 @@ impl Sim<'_> {
                 });
                 finish.push(p.finish_s);
             }
-            rejected.push(p.rejected);
+            rejections.push(p.rejection);
         }
         SimResult {
             policy: policy.to_string(),
@@ -638,7 +639,7 @@ impl Sim<'_> {
             ttft_ms: ttft,
             tpot_ms: tpot,
             finish_s: finish,
-            rejected,
+            rejections,
             timeline: self.timeline,
             switches: self.switches,
             migrated_requests: self.migrated,

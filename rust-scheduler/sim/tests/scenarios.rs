@@ -56,7 +56,9 @@ fn attainment(res: &SimResult, reqs: &[TraceRequest], tiers: &TierSet) -> f64 {
         .enumerate()
         .filter(|&(i, r)| {
             let t = &tiers.tiers()[r.tier];
-            !res.rejected[i] && res.ttft_ms[i] <= t.ttft_ms.unwrap_or(f64::INFINITY) && res.tpot_ms[i] <= t.tpot_ms.unwrap_or(f64::INFINITY)
+            res.rejections[i].is_none()
+                && res.ttft_ms[i] <= t.ttft_ms.unwrap_or(f64::INFINITY)
+                && res.tpot_ms[i] <= t.tpot_ms.unwrap_or(f64::INFINITY)
         })
         .count();
     good as f64 / reqs.len() as f64
@@ -78,9 +80,9 @@ fn every_request_completes_or_is_rejected_exactly_once() {
         for (i, r) in reqs.iter().enumerate() {
             let completed = res.finish_s[i].is_finite();
             assert!(
-                completed != res.rejected[i],
-                "{policy}: request {i} completed={completed} rejected={}",
-                res.rejected[i]
+                completed != res.rejections[i].is_some(),
+                "{policy}: request {i} completed={completed} rejected={:?}",
+                res.rejections[i]
             );
             if completed {
                 assert!(res.finish_s[i] >= r.arrival_s);
@@ -145,6 +147,31 @@ fn bad_input_is_rejected_with_a_reason() {
 /// Phase 2: a flood of short requests of a loose tier that TP1 serves best
 /// per GPU. A static TP level fails one phase; switching TP wins both.
 /// The entries of `values` (one per request) of `tier`'s requests.
+#[test]
+fn every_rejection_says_why() {
+    // Overloaded two SLO tiers on one GPU: tiertp sheds at admission for
+    // its control loop's reasons; sglang-slo sheds what waited past its
+    // TTFT deadline; a prompt longer than any TTFT allows is named so.
+    let mut reqs = trace(400, 200.0, 2, 7);
+    reqs[300].prompt_tokens = 500_000;
+    let reasons = |policy: &str| -> Vec<&'static str> {
+        let res = run(policy, &reqs, &settings(1));
+        let mut names: Vec<&'static str> = res.rejections.iter().flatten().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(
+            res.rejections.iter().flatten().count(),
+            res.finish_s.iter().filter(|f| f.is_nan()).count()
+        );
+        names
+    };
+    let tiertp = reasons("tiertp");
+    assert!(tiertp.contains(&"over_slo_budget"), "{tiertp:?}");
+    assert!(tiertp.contains(&"prompt_too_long"), "{tiertp:?}");
+    let slo = reasons("sglang-slo");
+    assert!(slo.contains(&"deadline_passed"), "{slo:?}");
+}
+
 fn of_tier<T: Copy>(reqs: &[TraceRequest], values: &[T], tier: usize) -> Vec<T> {
     reqs.iter().zip(values).filter(|(r, _)| r.tier == tier).map(|(_, &v)| v).collect()
 }
@@ -209,7 +236,7 @@ fn dynamic_tp_wins_a_two_phase_two_tier_scenario() {
                 let sub = SimResult {
                     ttft_ms: of_tier(&reqs, &res.ttft_ms, tier),
                     tpot_ms: of_tier(&reqs, &res.tpot_ms, tier),
-                    rejected: of_tier(&reqs, &res.rejected, tier),
+                    rejections: of_tier(&reqs, &res.rejections, tier),
                     ..res.clone()
                 };
                 attainment(&sub, &idx, &tiers)
@@ -267,7 +294,8 @@ fn an_engine_profile_times_the_iterations_the_planning_profile_decided() {
     let replanned = simulate(slower_decode(5.0), &tiers(), &reqs, "tiertp", &s, &mut |_| {}).unwrap();
     let layout = |r: &SimResult| r.timeline.iter().map(|e| e.groups.len()).collect::<Vec<_>>();
     assert_eq!(layout(&slow), layout(&planned), "the policies plan on the planning profile only");
-    let both_served = (0..reqs.len()).filter(|&i| !slow.rejected[i] && !planned.rejected[i] && reqs[i].output_tokens > 1);
+    let both_served =
+        (0..reqs.len()).filter(|&i| slow.rejections[i].is_none() && planned.rejections[i].is_none() && reqs[i].output_tokens > 1);
     let (mut n, mut slower_by) = (0.0, 0.0);
     for i in both_served {
         n += 1.0;

@@ -123,6 +123,7 @@ def to_sim_result(records: list[RequestRecord]) -> dict:
         "ttft_ms": [r.ttft_ms if d else math.nan for r, d in zip(records, done)],
         "tpot_ms": [r.tpot_ms if d else math.nan for r, d in zip(records, done)],
         "finish_s": [r.end_s if d else math.nan for r, d in zip(records, done)],
+        "rejected_why": [None if d or r.failure is None else r.failure.label() for r, d in zip(records, done)],
         "output_tokens": np.array([r.completion_tokens if d else r.max_tokens for r, d in zip(records, done)],
                                   dtype=np.int64),
     }

@@ -93,6 +93,7 @@ pub enum Handoff {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Released {
     pub granted: Vec<(u64, Decision)>,
+    /// Waiters whose hand-off wait ran out (`ShedReason::HandoffTimeout`).
     pub shed: Vec<u64>,
 }
 

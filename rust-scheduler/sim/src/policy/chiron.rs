@@ -15,6 +15,7 @@ use tiertp_scheduler::stats::TierStats;
 
 use super::{least_loaded, replicas, static_tp, throughput_caps, Ctx, Policy, Route};
 use crate::engine::{GroupSim, GroupSpec};
+use crate::rejection::Rejection;
 
 const GROW_BELOW: f64 = 0.8;
 const SHRINK_FACTOR: f64 = 0.7;
@@ -110,7 +111,7 @@ impl Policy for Chiron {
                     DispatchClass::Background
                 },
             ),
-            None => Route::Reject,
+            None => Route::Reject(Rejection::NoGroup),
         }
     }
 

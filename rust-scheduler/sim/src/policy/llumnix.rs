@@ -11,6 +11,7 @@ use tiertp_scheduler::tiers::TierId;
 
 use super::{least_loaded, replicas, static_tp, Ctx, Policy, Route};
 use crate::engine::{GroupSim, GroupSpec};
+use crate::rejection::Rejection;
 use crate::request::{Progress, TraceRequest};
 
 /// Load fraction reserved for high-priority requests.
@@ -77,7 +78,7 @@ impl Policy for Llumnix {
                 groups[g].spec.key(),
                 if high { DispatchClass::Feasible } else { DispatchClass::BestEffort },
             ),
-            None => Route::Reject,
+            None => Route::Reject(Rejection::NoGroup),
         }
     }
 

@@ -18,6 +18,7 @@ use tiertp_scheduler::tiers::TierSet;
 use tiertp_scheduler::topology::{Allocator, Cluster};
 
 use crate::engine::{GroupSim, GroupSpec};
+use crate::rejection::Rejection;
 use crate::request::{Progress, TraceRequest};
 use crate::settings::SimSettings;
 
@@ -36,8 +37,8 @@ pub struct Ctx<'a> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Route {
     To((u32, u32), DispatchClass),
-    /// Shed: it counts as missed.
-    Reject,
+    /// Shed, for the reason given: it counts as missed.
+    Reject(Rejection),
     /// The policy holds it (waiting for a decode slot) and hands it back
     /// through `take_released`.
     Wait,

@@ -13,6 +13,7 @@ use tiertp_scheduler::plan::Role;
 
 use super::{least_loaded, replicas, static_tp, Ctx, Policy, Route};
 use crate::engine::{GroupSim, GroupSpec};
+use crate::rejection::Rejection;
 
 /// Default share of GPUs doing prefill in sglang-pd.
 const DEFAULT_PREFILL_SHARE: f64 = 0.5;
@@ -53,7 +54,9 @@ impl Sglang {
 }
 
 fn route_to(groups: &[GroupSim], i: Option<usize>) -> Route {
-    i.map_or(Route::Reject, |i| Route::To(groups[i].spec.key(), DispatchClass::Feasible))
+    i.map_or(Route::Reject(Rejection::NoGroup), |i| {
+        Route::To(groups[i].spec.key(), DispatchClass::Feasible)
+    })
 }
 
 impl Policy for Sglang {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tiertp_scheduler::control::{Admission, ControlConfig, ControlLoop, Handoff};
+use tiertp_scheduler::control::{Admission, ControlConfig, ControlLoop, Handoff, ShedReason};
 use tiertp_scheduler::dispatcher::Decision;
 use tiertp_scheduler::plan::Plan;
 use tiertp_scheduler::stats::TierStats;
@@ -16,6 +16,7 @@ use tiertp_scheduler::switch_cost::SwitchCost;
 
 use super::{Ctx, Policy, Route};
 use crate::engine::{GroupSim, GroupSpec};
+use crate::rejection::Rejection;
 use crate::settings::NAIVE_SWITCH_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -103,7 +104,7 @@ impl Tiertp {
     fn admission(a: Admission) -> Route {
         match a {
             Admission::Admitted(d) => Self::decision(d),
-            Admission::Shed { .. } => Route::Reject,
+            Admission::Shed { reason, .. } => Route::Reject(Rejection::Shed(reason)),
         }
     }
 
@@ -173,7 +174,7 @@ impl Policy for Tiertp {
         // replay sends exactly that).
         match self.control.admit(u64::from(i), r.tier, r.prompt_tokens, r.output_tokens, now, &[]) {
             Ok(a) => Self::admission(a),
-            Err(_) => Route::Reject,
+            Err(_) => Route::Reject(Rejection::ControlError),
         }
     }
 
@@ -184,19 +185,21 @@ impl Policy for Tiertp {
     fn route_decode(&mut self, _ctx: &Ctx, i: u32, now: f64, _groups: &[GroupSim]) -> Option<Route> {
         match self.control.first_token(u64::from(i), now) {
             Ok(h) => Self::handoff(h),
-            Err(_) => Some(Route::Reject),
+            Err(_) => Some(Route::Reject(Rejection::ControlError)),
         }
     }
 
     fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, now: f64, _groups: &[GroupSim]) -> Route {
         let id = u64::from(i);
         let placed = if prefilled {
-            self.control.relocate(id, now).map(|h| Self::handoff(h).unwrap_or(Route::Reject))
+            self.control
+                .relocate(id, now)
+                .map(|h| Self::handoff(h).unwrap_or(Route::Reject(Rejection::ControlError)))
         } else {
             let r = &ctx.reqs[i as usize];
             self.control.readmit(id, r.tier, r.prompt_tokens, &[]).map(Self::admission)
         };
-        placed.unwrap_or(Route::Reject)
+        placed.unwrap_or(Route::Reject(Rejection::ControlError))
     }
 
     fn on_finish(&mut self, i: u32, now: f64) {
@@ -206,7 +209,10 @@ impl Policy for Tiertp {
     fn take_released(&mut self, now: f64) -> Vec<(u32, Route)> {
         let r = self.control.take_released(now);
         let granted = r.granted.into_iter().map(|(id, d)| (id as u32, Self::decision(d)));
-        let shed = r.shed.into_iter().map(|id| (id as u32, Route::Reject));
+        let shed = r
+            .shed
+            .into_iter()
+            .map(|id| (id as u32, Route::Reject(Rejection::Shed(ShedReason::HandoffTimeout))));
         granted.chain(shed).collect()
     }
 }
