@@ -465,14 +465,39 @@ impl Dispatcher {
         } else {
             DispatchClass::Feasible
         };
+        self.move_to_slot(request_id, tier, target, class).map(Some)
+    }
+
+    /// The request gives back what it holds and takes a decode slot of
+    /// `target`.
+    fn move_to_slot(&mut self, request_id: u64, tier: TierId, target: usize, class: DispatchClass) -> Result<Decision, DispatchError> {
         self.complete(request_id)?;
-        Ok(Some(self.charge_load(
-            request_id,
-            tier,
-            target,
-            Load { tokens: 0, slots: 1 },
-            class,
-        )))
+        Ok(self.charge_load(request_id, tier, target, Load { tokens: 0, slots: 1 }, class))
+    }
+
+    /// A free decode slot on any group of the request's node (decode or
+    /// colocated, whichever tier's), for a running request whose group
+    /// stops and whose tier, and the tiers lending to it, have none there:
+    /// it finishes on another tier's room (background class for a
+    /// background tier, best effort for an SLO tier) rather than not at all.
+    /// None when no group on its node has a free slot.
+    pub fn dispatch_any_slot(&mut self, request_id: u64) -> Result<Option<Decision>, DispatchError> {
+        let c = self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
+        let tier = c.tier;
+        let slots = &self.slots;
+        let free: Vec<usize> = (0..slots.len())
+            .filter(|&i| slots[i].holds_slots() && slots[i].load.slots < slots[i].slot_budget)
+            .collect();
+        let candidates = self.on_node_of(c, &free);
+        let Some(target) = least_full(slots, candidates.into_iter()) else {
+            return Ok(None);
+        };
+        let class = if self.tier_is_background[tier] {
+            DispatchClass::Background
+        } else {
+            DispatchClass::BestEffort
+        };
+        self.move_to_slot(request_id, tier, target, class).map(Some)
     }
 
     /// The tier a request in flight belongs to.

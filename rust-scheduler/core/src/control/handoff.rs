@@ -1,6 +1,8 @@
 //! Prefilled requests waiting for a decode slot of their tier, FIFO per
 //! tier, each with the time by which it must get one: past it, the wait
-//! alone has spent the request's TPOT budget and it is shed.
+//! alone has spent the request's TPOT budget and it is shed. A request
+//! whose group stopped under it, with no slot of its tier or its lenders'
+//! on its node, waits for a free slot of any group there (`any_slot`).
 
 use std::collections::VecDeque;
 
@@ -10,6 +12,7 @@ use crate::tiers::TierId;
 struct Waiting {
     id: u64,
     deadline_s: f64,
+    any_slot: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -25,7 +28,21 @@ impl HandoffQueue {
     }
 
     pub fn push(&mut self, tier: TierId, id: u64, deadline_s: f64) {
-        self.per_tier[tier].push_back(Waiting { id, deadline_s });
+        self.per_tier[tier].push_back(Waiting {
+            id,
+            deadline_s,
+            any_slot: false,
+        });
+    }
+
+    /// A request whose group stopped, to take a free slot of any group on
+    /// its node.
+    pub fn push_any_slot(&mut self, tier: TierId, id: u64, deadline_s: f64) {
+        self.per_tier[tier].push_back(Waiting {
+            id,
+            deadline_s,
+            any_slot: true,
+        });
     }
 
     pub fn waiting(&self, tier: TierId) -> usize {
@@ -40,9 +57,10 @@ impl HandoffQueue {
         (0..self.per_tier.len()).filter(|&t| !self.per_tier[t].is_empty())
     }
 
-    /// The oldest waiter of a tier, if any.
-    pub fn front(&self, tier: TierId) -> Option<u64> {
-        self.per_tier[tier].front().map(|w| w.id)
+    /// The oldest waiter of a tier, if any, and whether any group's slot
+    /// will do for it.
+    pub fn front(&self, tier: TierId) -> Option<(u64, bool)> {
+        self.per_tier[tier].front().map(|w| (w.id, w.any_slot))
     }
 
     pub fn pop(&mut self, tier: TierId) -> Option<u64> {

@@ -308,9 +308,22 @@ impl ControlLoop {
     }
 
     /// A running, prefilled request whose group is stopping: a decode slot
-    /// of its tier (decode or colocated group), or it waits.
+    /// of its tier (decode or colocated group), or it waits. With none of
+    /// its tier's or its lenders' on its node (a background request decodes
+    /// on other tiers' groups), any group there with a free slot takes it,
+    /// or it waits for one: never `Stay`, its group is going away.
     pub fn relocate(&mut self, id: u64, now_s: f64) -> Result<Handoff, DispatchError> {
-        self.handoff(id, now_s, true)
+        match self.handoff(id, now_s, true)? {
+            Handoff::Stay => match self.dispatcher.dispatch_any_slot(id)? {
+                Some(d) => Ok(Handoff::Move(d)),
+                None => {
+                    let tier = self.dispatcher.tier_of(id).ok_or(DispatchError::UnknownRequest(id))?;
+                    self.handoffs.push_any_slot(tier, id, now_s + self.handoff_wait_s(tier));
+                    Ok(Handoff::Wait)
+                }
+            },
+            h => Ok(h),
+        }
     }
 
     fn handoff(&mut self, id: u64, now_s: f64, colocated_too: bool) -> Result<Handoff, DispatchError> {
@@ -368,8 +381,13 @@ impl ControlLoop {
         }
         let tiers: Vec<TierId> = self.handoffs.tiers_waiting().collect();
         for t in tiers {
-            while let Some(id) = self.handoffs.front(t) {
-                match self.dispatcher.dispatch_decode(id, false) {
+            while let Some((id, any_slot)) = self.handoffs.front(t) {
+                let slot = if any_slot {
+                    self.dispatcher.dispatch_any_slot(id)
+                } else {
+                    self.dispatcher.dispatch_decode(id, false)
+                };
+                match slot {
                     Ok(Some(d)) => {
                         self.handoffs.pop(t);
                         self.pending.granted.push((id, d));

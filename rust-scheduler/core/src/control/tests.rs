@@ -144,3 +144,43 @@ fn windows_commit_plans_and_bump_the_id_only_on_change() {
     let again = c.window(2.0, None).unwrap();
     assert!(!again.layout_changed && !again.plan_changed, "same stats, same plan");
 }
+
+#[test]
+fn a_background_request_on_a_stopping_group_moves_to_any_free_slot() {
+    let tiers = TierSet::new(
+        vec![Tier::slo_tier("chat", 500.0, 50.0, 1.0), Tier::background_tier("batch", 0.5)],
+        "t",
+    )
+    .unwrap();
+    let mut c = ControlLoop::new(
+        Arc::new(synthetic::llama8b_like()),
+        tiers,
+        Cluster::uniform(4, 8).unwrap(),
+        ControlConfig::default(),
+    )
+    .unwrap();
+    c.install(plan(vec![group(0, Role::Prefill, 0, 1000, 4), group(0, Role::Decode, 1, 0, 4)]));
+    // The background tier has no group of its own: it runs on chat's
+    // prefill group and decodes there (chat does not lend it decode slots).
+    assert!(matches!(c.admit(1, 1, 10, 100, 0.0, &[]).unwrap(), Admission::Admitted(d) if d.class == DispatchClass::Background));
+    assert_eq!(c.first_token(1, 0.1).unwrap(), Handoff::Stay);
+    // The prefill group stops: the request finishes on the decode group's
+    // free slot rather than not at all.
+    c.install(plan(vec![group(0, Role::Decode, 1, 0, 4)]));
+    assert!(matches!(
+        c.relocate(1, 0.2).unwrap(),
+        Handoff::Move(d) if d.group_first_gpu == 1 && d.class == DispatchClass::Background
+    ));
+    // With no free slot anywhere on its node it waits for one (a
+    // background request has no TPOT to run out), and gets the first that
+    // comes free.
+    c.install(plan(vec![group(0, Role::Prefill, 0, 1000, 4), group(0, Role::Decode, 1, 0, 4)]));
+    assert!(matches!(c.admit(2, 1, 10, 100, 0.3, &[]).unwrap(), Admission::Admitted(_)));
+    c.first_token(2, 0.4).unwrap();
+    c.install(plan(vec![group(0, Role::Decode, 1, 0, 1)]));
+    assert_eq!(c.relocate(2, 0.5).unwrap(), Handoff::Wait);
+    assert_eq!(c.take_released(100.0), Released::default(), "still waiting, not shed");
+    c.finish(1, 100.5);
+    let r = c.take_released(100.5);
+    assert!(matches!(r.granted[..], [(2, d)] if d.group_first_gpu == 1 && d.class == DispatchClass::Background));
+}
