@@ -101,6 +101,12 @@ impl Released {
     pub fn is_empty(&self) -> bool {
         self.granted.is_empty() && self.shed.is_empty()
     }
+
+    /// `later`'s grants and sheds after these.
+    pub fn append(&mut self, later: Released) {
+        self.granted.extend(later.granted);
+        self.shed.extend(later.shed);
+    }
 }
 
 /// What one control window decided.

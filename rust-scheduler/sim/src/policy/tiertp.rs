@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tiertp_scheduler::control::{Admission, ControlConfig, ControlLoop, Handoff, ShedReason};
+use tiertp_scheduler::control::{Admission, ControlConfig, ControlLoop, Handoff, Released, ShedReason};
 use tiertp_scheduler::dispatcher::Decision;
 use tiertp_scheduler::plan::Plan;
 use tiertp_scheduler::stats::TierStats;
@@ -35,6 +35,10 @@ pub struct Tiertp {
     switch: SwitchCost,
     /// Reported settings beyond the loop's own (split's partitions).
     layout: Value,
+    /// Hand-offs granted and waiters shed by the last window step, placed
+    /// with the next `take_released` (the gateway hands a window's to its
+    /// holders the same way).
+    window_released: Released,
 }
 
 /// The control loop's settings for a simulated run of `variant`: the
@@ -79,6 +83,7 @@ impl Tiertp {
             control,
             switch,
             layout,
+            window_released: Released::default(),
         })
     }
 
@@ -165,6 +170,7 @@ impl Policy for Tiertp {
         }
         let known = (self.variant == Variant::Oracle).then_some(future);
         let out = self.control.window(now, known).ok()?;
+        self.window_released.append(out.released);
         out.plan_changed.then(|| Self::specs(&out.plan))
     }
 
@@ -207,7 +213,8 @@ impl Policy for Tiertp {
     }
 
     fn take_released(&mut self, now: f64) -> Vec<(u32, Route)> {
-        let r = self.control.take_released(now);
+        let mut r = std::mem::take(&mut self.window_released);
+        r.append(self.control.take_released(now));
         let granted = r.granted.into_iter().map(|(id, d)| (id as u32, Self::decision(d)));
         let shed = r
             .shed
