@@ -165,6 +165,11 @@ impl Slot {
         self.role != Role::Prefill
     }
 
+    /// A decode slot is free here.
+    fn has_free_slot(&self) -> bool {
+        self.holds_slots() && self.load.slots < self.slot_budget
+    }
+
     /// Whether `add` fits the budget. An idle group always fits.
     fn fits(&self, add: Load) -> bool {
         if self.load.is_zero() {
@@ -447,7 +452,7 @@ impl Dispatcher {
         let c = self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
         let tier = c.tier;
         let slots = &self.slots;
-        let has_slot = |i: &usize| slots[*i].holds_slots() && slots[*i].load.slots < slots[*i].slot_budget;
+        let has_slot = |i: &usize| slots[*i].has_free_slot();
         let decode: Vec<usize> = self.decode_targets(c, false).into_iter().filter(has_slot).collect();
         let mut candidates = if decode.is_empty() && colocated_too {
             self.decode_targets(c, true).into_iter().filter(has_slot).collect()
@@ -457,22 +462,33 @@ impl Dispatcher {
         if candidates.is_empty() {
             candidates = self.lent_decode_targets(c).into_iter().filter(has_slot).collect();
         }
-        let Some(target) = least_full(slots, candidates.into_iter()) else {
-            return Ok(None);
-        };
-        let class = if self.tier_is_background[tier] {
-            DispatchClass::Background
-        } else {
-            DispatchClass::Feasible
-        };
-        self.move_to_slot(request_id, tier, target, class).map(Some)
+        self.move_to_slot(request_id, tier, least_full(slots, candidates.into_iter()), DispatchClass::Feasible)
     }
 
     /// The request gives back what it holds and takes a decode slot of
-    /// `target`.
-    fn move_to_slot(&mut self, request_id: u64, tier: TierId, target: usize, class: DispatchClass) -> Result<Decision, DispatchError> {
+    /// `target` (none: nothing changes), in the background class if its
+    /// tier is one, else in `slo_class`.
+    fn move_to_slot(
+        &mut self,
+        request_id: u64,
+        tier: TierId,
+        target: Option<usize>,
+        slo_class: DispatchClass,
+    ) -> Result<Option<Decision>, DispatchError> {
+        let Some(target) = target else { return Ok(None) };
+        let class = if self.tier_is_background[tier] {
+            DispatchClass::Background
+        } else {
+            slo_class
+        };
         self.complete(request_id)?;
-        Ok(self.charge_load(request_id, tier, target, Load { tokens: 0, slots: 1 }, class))
+        Ok(Some(self.charge_load(
+            request_id,
+            tier,
+            target,
+            Load { tokens: 0, slots: 1 },
+            class,
+        )))
     }
 
     /// A free decode slot on any group of the request's node (decode or
@@ -485,19 +501,9 @@ impl Dispatcher {
         let c = self.in_flight.get(&request_id).ok_or(DispatchError::UnknownRequest(request_id))?;
         let tier = c.tier;
         let slots = &self.slots;
-        let free: Vec<usize> = (0..slots.len())
-            .filter(|&i| slots[i].holds_slots() && slots[i].load.slots < slots[i].slot_budget)
-            .collect();
-        let candidates = self.on_node_of(c, &free);
-        let Some(target) = least_full(slots, candidates.into_iter()) else {
-            return Ok(None);
-        };
-        let class = if self.tier_is_background[tier] {
-            DispatchClass::Background
-        } else {
-            DispatchClass::BestEffort
-        };
-        self.move_to_slot(request_id, tier, target, class).map(Some)
+        let free: Vec<usize> = (0..slots.len()).filter(|&i| slots[i].has_free_slot()).collect();
+        let target = least_full(slots, self.on_node_of(c, &free).into_iter());
+        self.move_to_slot(request_id, tier, target, DispatchClass::BestEffort)
     }
 
     /// The tier a request in flight belongs to.
