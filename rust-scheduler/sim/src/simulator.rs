@@ -11,7 +11,7 @@ use tiertp_scheduler::control::ControlConfig;
 use tiertp_scheduler::dispatcher::DispatchClass;
 use tiertp_scheduler::profile::Profile;
 use tiertp_scheduler::prompt_lengths::PromptLengths;
-use tiertp_scheduler::stats::{self, ArrivalObserver, TierStats};
+use tiertp_scheduler::stats::{self, TierStats};
 use tiertp_scheduler::tiers::TierSet;
 use tiertp_scheduler::topology::Cluster;
 
@@ -81,7 +81,6 @@ struct Sim<'a> {
     events: BinaryHeap<Timed>,
     seq: u64,
     now: f64,
-    observer: ArrivalObserver,
     timeline: Vec<TimelineEntry>,
     switches: u64,
     migrated: u64,
@@ -153,18 +152,8 @@ pub fn simulate(
         policy: policy_name.into(),
         reason,
     })?;
-    // The baselines' view of demand: the production loop's observer
-    // settings (tiertp's own loop keeps its own).
-    let defaults = ControlConfig::default();
     let mut sim = Sim {
         engine,
-        observer: ArrivalObserver::new(
-            tiers.len(),
-            defaults.horizon_windows * settings.window_s,
-            settings.demand_memory_s,
-            settings.window_s,
-            defaults.prior(),
-        ),
         bytes_per_token: profile.kv_bytes_per_token.unwrap_or(0) as f64,
         kv_gbps: settings.switch_cost(&profile).kv_gbps,
         ctx,
@@ -213,9 +202,8 @@ pub fn simulate(
             }
             Ev::Window => {
                 window += 1;
-                let observed = sim.observer.snapshot(sim.now);
                 let fut = future.get(window).unwrap_or(&future[future.len() - 1]).clone();
-                let change = sim.policy.on_window(&sim.ctx, sim.now, &observed, &fut, &sim.groups);
+                let change = sim.policy.on_window(&sim.ctx, sim.now, &fut, &sim.groups);
                 let time_s = sim.now;
                 sim.record(|| ControlEvent::Window {
                     time_s,
@@ -359,8 +347,6 @@ impl Sim<'_> {
     }
 
     fn arrive(&mut self, i: u32) {
-        let r = self.ctx.reqs[i as usize];
-        self.observer.record(r.tier, r.arrival_s, r.prompt_tokens, r.output_tokens);
         let route = self.policy.route(&self.ctx, i, self.now, &self.groups);
         let time_s = self.now;
         self.record(|| ControlEvent::Admit { time_s, request: i, route });

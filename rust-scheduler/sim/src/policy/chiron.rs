@@ -140,14 +140,7 @@ impl Policy for Chiron {
         }
     }
 
-    fn on_window(
-        &mut self,
-        ctx: &Ctx,
-        _now: f64,
-        _observed: &[TierStats],
-        _future: &[TierStats],
-        groups: &[GroupSim],
-    ) -> Option<Vec<GroupSpec>> {
+    fn on_window(&mut self, ctx: &Ctx, _now: f64, _future: &[TierStats], groups: &[GroupSim]) -> Option<Vec<GroupSpec>> {
         let live = |inter: bool| {
             groups
                 .iter()

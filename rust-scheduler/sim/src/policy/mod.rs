@@ -72,17 +72,11 @@ pub trait Policy {
     /// Groups at time 0.
     fn initial(&mut self, ctx: &Ctx) -> Vec<GroupSpec>;
 
-    /// Every control window: the observed stats of the recent past and the
-    /// true stats of the coming window (only the oracle may look). A new
-    /// group list replaces the configuration.
-    fn on_window(
-        &mut self,
-        _ctx: &Ctx,
-        _now: f64,
-        _observed: &[TierStats],
-        _future: &[TierStats],
-        _groups: &[GroupSim],
-    ) -> Option<Vec<GroupSpec>> {
+    /// Every control window: the true stats of the coming window (only the
+    /// oracle may look; a policy that observes demand keeps its own
+    /// observer, as tiertp's control loop does). A new group list replaces
+    /// the configuration.
+    fn on_window(&mut self, _ctx: &Ctx, _now: f64, _future: &[TierStats], _groups: &[GroupSim]) -> Option<Vec<GroupSpec>> {
         None
     }
 

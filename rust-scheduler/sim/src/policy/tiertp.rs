@@ -157,14 +157,7 @@ impl Policy for Tiertp {
         Self::specs(self.control.plan())
     }
 
-    fn on_window(
-        &mut self,
-        _ctx: &Ctx,
-        now: f64,
-        _observed: &[TierStats],
-        future: &[TierStats],
-        _groups: &[GroupSim],
-    ) -> Option<Vec<GroupSpec>> {
+    fn on_window(&mut self, _ctx: &Ctx, now: f64, future: &[TierStats], _groups: &[GroupSim]) -> Option<Vec<GroupSpec>> {
         if self.variant == Variant::Split {
             return None;
         }
