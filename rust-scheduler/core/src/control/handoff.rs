@@ -28,21 +28,17 @@ impl HandoffQueue {
     }
 
     pub fn push(&mut self, tier: TierId, id: u64, deadline_s: f64) {
-        self.per_tier[tier].push_back(Waiting {
-            id,
-            deadline_s,
-            any_slot: false,
-        });
+        self.enqueue(tier, id, deadline_s, false);
     }
 
     /// A request whose group stopped, to take a free slot of any group on
     /// its node.
     pub fn push_any_slot(&mut self, tier: TierId, id: u64, deadline_s: f64) {
-        self.per_tier[tier].push_back(Waiting {
-            id,
-            deadline_s,
-            any_slot: true,
-        });
+        self.enqueue(tier, id, deadline_s, true);
+    }
+
+    fn enqueue(&mut self, tier: TierId, id: u64, deadline_s: f64, any_slot: bool) {
+        self.per_tier[tier].push_back(Waiting { id, deadline_s, any_slot });
     }
 
     pub fn waiting(&self, tier: TierId) -> usize {
