@@ -46,14 +46,22 @@ def test_valid_dir_resolves(tmp_path):
     assert resolve_model(str(tmp_path)) == tmp_path.resolve()
 
 
-def test_tiny_llama_is_built_once_and_shards_at_tp_1_2_4():
-    path = resolve_model("tiny-llama")
+@pytest.mark.parametrize("name", ["tiny-llama", "small-llama"])
+def test_random_llamas_are_built_once_and_shard_at_tp_1_2_4(name):
+    path = resolve_model(name)
     assert (path / ".complete").is_file()
-    assert resolve_model("tiny-llama") == path  # cached, not rebuilt
+    assert resolve_model(name) == path  # cached, not rebuilt
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"]
     for tp in (1, 2, 4):
         assert cfg["num_attention_heads"] % tp == 0 and cfg["num_key_value_heads"] % tp == 0
+
+
+def test_small_llama_is_the_wider_deeper_random_llama():
+    tiny, small = (json.loads((resolve_model(n) / "config.json").read_text()) for n in ("tiny-llama", "small-llama"))
+    assert (small["hidden_size"], small["num_hidden_layers"]) == (768, 4)
+    assert (tiny["hidden_size"], tiny["num_hidden_layers"]) == (256, 2)
+    assert small["vocab_size"] == tiny["vocab_size"]  # one tokenizer: SmolLM2's
 
 
 def test_cache_dir_honours_env(monkeypatch, tmp_path):

