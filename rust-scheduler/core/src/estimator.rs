@@ -510,7 +510,11 @@ fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Opti
         // iteration, then larger ones carried by fewer iterations.
         let steady = (f64::from(b) * l_in / l_out).ceil().min(max_chunk).max(1.0);
         for chunk in chunk_sizes(steady, l_in.ceil().min(max_chunk)) {
-            let Some(e) = colocated_at(profile, tp, (ttft_ms, tpot_ms), (b, decode_ms), (chunk, steady), (l_in, l_out)) else {
+            let chunk_ms = profile.prefill_ms(tp, chunk, 1.0);
+            if !within(tpot_ms, decode_ms + chunk_ms) {
+                break; // a larger chunk takes longer still
+            }
+            let Some(e) = colocated_at(ttft_ms, (b, decode_ms), (chunk, chunk_ms, steady), (l_in, l_out)) else {
                 continue;
             };
             if e.throughput_rps > best.throughput_rps {
@@ -527,24 +531,21 @@ fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Opti
 /// chunk's fixed cost is paid fewer times: 8-token chunks of a 700-token
 /// prompt take 3x the whole prompt in one on a CPU profile), so the mean
 /// iteration, which sets throughput, is shorter, and a prompt needs fewer
-/// of them. Every iteration, a chunk's included, stays within the TPOT,
-/// so no request's TPOT depends on how many chunks fall into its decode.
-/// None when an SLO fails.
+/// of them. The caller keeps every iteration, a chunk's included, within
+/// the TPOT, so no request's TPOT depends on how many chunks fall into its
+/// decode. None when the TTFT fails.
 fn colocated_at(
-    profile: &Profile,
-    tp: u32,
-    (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
+    ttft_ms: Option<f64>,
     (b, decode_ms): (u32, f64),
-    (chunk, steady): (f64, f64),
+    (chunk, chunk_ms, steady): (f64, f64, f64),
     (l_in, l_out): (f64, f64),
 ) -> Option<StageEstimate> {
-    let chunk_ms = profile.prefill_ms(tp, chunk, 1.0);
     let share = (steady / chunk).min(1.0);
     let mean_ms = decode_ms + share * chunk_ms;
     let with_chunk_ms = decode_ms + chunk_ms;
     // The prompt's chunks run back to back after the iteration under way.
     let ttft = (l_in / chunk).ceil() * with_chunk_ms + mean_ms;
-    if !within(tpot_ms, with_chunk_ms) || !within(ttft_ms, ttft) {
+    if !within(ttft_ms, ttft) {
         return None;
     }
     // The steady chunk may be capped below what B decoding requests need:

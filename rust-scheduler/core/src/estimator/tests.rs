@@ -96,17 +96,11 @@ fn colocated_prefills_in_fewer_larger_chunks_when_the_tpot_allows() {
     let tier = Tier::slo_tier("long-prompts", 800.0, 200.0, 1.0);
     let stats = TierStats::new(0.5, 1000.0, 20.0);
     let chunks = |b: u32| {
-        colocated_at(
-            &p,
-            1,
-            (Some(800.0), Some(200.0)),
-            (b, 10.0),
-            (50.0 * f64::from(b), 50.0 * f64::from(b)),
-            (1000.0, 20.0),
-        )
+        let chunk = 50.0 * f64::from(b);
+        colocated_at(Some(800.0), (b, 10.0), (chunk, p.prefill_ms(1, chunk, 1.0), chunk), (1000.0, 20.0))
     };
     assert!(chunks(1).is_none(), "20 steady chunks of 65 ms: 1.3 s");
-    let whole = colocated_at(&p, 1, (Some(800.0), Some(200.0)), (1, 10.0), (1000.0, 50.0), (1000.0, 20.0)).unwrap();
+    let whole = colocated_at(Some(800.0), (1, 10.0), (1000.0, p.prefill_ms(1, 1000.0, 1.0), 50.0), (1000.0, 20.0)).unwrap();
     assert!(close(whole.batch_ms, 160.0), "{whole:?}");
     assert!(close(whole.throughput_rps, (1.0 / 20.0) / 0.0175), "{whole:?}");
     // The estimate finds such a point (its best B is larger).
