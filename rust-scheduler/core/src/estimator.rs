@@ -528,12 +528,12 @@ fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Opti
 /// One colocated operating point: B decoding requests, prefill chunks of
 /// `chunk` tokens in a share `steady / chunk` of the iterations (all of
 /// them at the steady chunk). Larger, rarer chunks cost less per token (a
-/// chunk's fixed cost is paid fewer times: 8-token chunks of a 700-token
-/// prompt take 3x the whole prompt in one on a CPU profile), so the mean
-/// iteration, which sets throughput, is shorter, and a prompt needs fewer
-/// of them. The caller keeps every iteration, a chunk's included, within
-/// the TPOT, so no request's TPOT depends on how many chunks fall into its
-/// decode. None when the TTFT fails.
+/// chunk's fixed cost is paid fewer times: 22-token chunks of a 700-token
+/// prompt take about 4x the whole prompt in one, small-llama at TP2 on a
+/// CPU), so the mean iteration, which sets throughput, is shorter, and a
+/// prompt needs fewer of them. The caller keeps every iteration, a chunk's
+/// included, within the TPOT, so no request's TPOT depends on how many
+/// chunks fall into its decode. None when the TTFT fails.
 fn colocated_at(
     ttft_ms: Option<f64>,
     (b, decode_ms): (u32, f64),
