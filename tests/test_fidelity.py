@@ -85,10 +85,12 @@ def test_fidelity_compares_simulated_and_live_runs(tmp_path, tokenizer_dir):  # 
     assert sim_profile["tp_levels"]["1"]["kv_capacity_tokens"] > 0
     rep = json.loads((cfg.out / "report.json").read_text())
     assert set(rep["loads"][0]["policies"]) == {"tiertp", "sglang", "tiertp-calibrated", "live"}
-    # the calibrated prediction scales every profile cell by the probe's measured/predicted TPOT
-    assert doc["calibration"]["scale"] > 0
+    # the calibrated prediction scales prefill cells by the probe's measured/predicted TTFT, decode
+    # cells by its TPOT
+    scale = doc["calibration"]["scale"]
+    assert scale["prefill"] > 0 and scale["decode"] > 0
     calibrated = json.loads((cfg.out / "profile-sim-calibrated.json").read_text())
-    assert calibrated["provenance"]["fidelity"]["scale"] == pytest.approx(doc["calibration"]["scale"])
+    assert calibrated["provenance"]["fidelity"]["scale"] == pytest.approx(scale)
     assert "simulated tiertp vs measured" in report.text
     assert (cfg.out / "goodput.png").stat().st_size > 0
 

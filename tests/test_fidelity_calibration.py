@@ -13,9 +13,9 @@ import pytest
 from test_fidelity import FAKE_TRACE, fake_serve_process, profile_doc
 from test_replay_live_client import FakeServer, tiers_file, tokenizer_dir  # noqa: F401 - fixture
 
-from tiertp.fidelity.calibration import fit_decode_overhead
+from tiertp.fidelity.calibration import calibration_scale, fit_decode_overhead
 from tiertp.fidelity.probe import LoadedProbe
-from tiertp.fidelity.sim_profile import sim_profile_doc
+from tiertp.fidelity.sim_profile import CellScale, sim_profile_doc
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.records import RequestRecord
@@ -25,7 +25,7 @@ from tiertp.traces import make_trace
 
 
 def test_decode_cost_per_extra_request_grows_with_the_batch_only():
-    doc = sim_profile_doc(profile_doc(), 4096, [1], scale=2.0, decode_ms_per_extra_request=0.5)
+    doc = sim_profile_doc(profile_doc(), 4096, [1], scale=CellScale(2.0, 2.0), decode_ms_per_extra_request=0.5)
     level = doc["tp_levels"]["1"]
     # batch 1 pays nothing extra, batch 16 fifteen times 0.5 ms; prefill only the scale
     assert level["decode"]["latency_ms"] == [[4, 6], [8 + 7.5, 12 + 7.5]]
@@ -33,6 +33,27 @@ def test_decode_cost_per_extra_request_grows_with_the_batch_only():
     assert doc["provenance"]["fidelity"]["decode_ms_per_extra_request"] == 0.5
     with pytest.raises(ValueError, match="per extra request"):
         sim_profile_doc(profile_doc(), 4096, [1], decode_ms_per_extra_request=-1)
+
+
+def test_prefill_and_decode_cells_take_their_own_scale():
+    level = sim_profile_doc(profile_doc(), 4096, [1], scale=CellScale(prefill=1.5, decode=0.5))["tp_levels"]["1"]
+    assert level["prefill"]["latency_ms"] == [[7.5, 9], [75, 82.5]]
+    assert level["decode"]["latency_ms"] == [[1, 1.5], [2, 3]]
+    with pytest.raises(ValueError, match="prefill scale"):
+        CellScale(prefill=0)
+
+
+def test_scale_is_the_probes_ttft_ratio_for_prefill_and_tpot_ratio_for_decode():
+    tiers = {
+        "chat": {"ratio": {"ttft_ms": 1.05, "tpot_ms": 0.83}},
+        "agent": {"ratio": {"ttft_ms": 0.99, "tpot_ms": 0.92}},
+        "batch": {"ratio": {"ttft_ms": 1.01, "tpot_ms": None}},
+    }
+    scale = calibration_scale({"tiers": tiers})
+    assert scale.prefill == 1.01 and scale.decode == pytest.approx(0.875)
+    no_ttft = {"chat": {"ratio": {"ttft_ms": None, "tpot_ms": 0.8}}}
+    assert calibration_scale({"tiers": no_ttft}) == CellScale(prefill=0.8, decode=0.8)
+    assert calibration_scale({"tiers": {"chat": {"ratio": {"ttft_ms": 1.0, "tpot_ms": None}}}}) is None
 
 
 def _ctx(tmp_path, extra_ms: float | None = None) -> SimContext:
@@ -106,7 +127,7 @@ def test_a_started_server_is_restarted_to_plan_with_the_calibrated_profile(monke
     assert doc["loaded_probe"]["waves"][0]["requests"] == 4  # each size twice
     cal = doc["calibration"]
     assert cal["server_plans_with"] == "calibrated profile (restarted)"
-    assert cal["decode_ms_per_extra_request"] >= 0 and cal["scale"] > 0
+    assert cal["decode_ms_per_extra_request"] >= 0 and min(cal["scale"].values()) > 0
     written = json.loads((cfg.out / "profile-sim-calibrated.json").read_text())["provenance"]["fidelity"]
     assert written["decode_ms_per_extra_request"] == cal["decode_ms_per_extra_request"]
     assert "restarted to plan with the calibrated profile" in report.text

@@ -5,8 +5,11 @@ also carries the serving stack's work, and the host may be faster or slower
 than when it was profiled. Two numbers, both measured on the running
 server before the loads, correct for it:
 
-- `scale` (the unloaded probe): measured / predicted TPOT of a request
-  running alone, median over tiers. Every profile cell is multiplied by it.
+- `scale` (the unloaded probe, `CellScale`): measured / predicted TTFT of
+  a request running alone, median over tiers, multiplies the prefill cells;
+  measured / predicted TPOT the decode cells. One factor from the TPOT for
+  both made prefill 13% faster than served in a run whose probe decoded
+  faster than profiled but prefilled as profiled (docs/fidelity.md).
 - `decode_ms_per_extra_request` (the loaded probe): what a decode step
   costs per running request beyond the first, over the profile. The probe's
   waves are simulated at their real send times with each candidate value;
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tiertp.fidelity.probe import LoadedProbe
+from tiertp.fidelity.sim_profile import CellScale
 from tiertp.replay.live.records import COMPLETED
 from tiertp.replay.runner import SimContext, run_once
 from tiertp.replay.workload import Load
@@ -36,17 +40,26 @@ from tiertp.traces import make_trace
 
 # Suffix of the calibrated prediction's name in the reports.
 CALIBRATED = "-calibrated"
-CALIBRATION_RULE = ("scale = median over tiers of the unloaded probe's measured / predicted TPOT; "
+CALIBRATION_RULE = ("scale = median over tiers of the unloaded probe's measured / predicted TTFT for prefill cells, "
+                    "TPOT for decode cells; "
                     "decode_ms_per_extra_request = the decode step's cost per running request beyond the first "
                     "that best reproduces the loaded probe's per-wave median TPOTs in the simulator")
 # Candidate per-request costs: this many steps from 0 to the batch-1 decode step.
 FIT_STEPS = 20
 
 
-def calibration_scale(unloaded: dict) -> float | None:
-    """The unloaded probe's `scale` (above); None when it measured no TPOT."""
-    ratios = [t["ratio"]["tpot_ms"] for t in unloaded["tiers"].values() if t["ratio"]["tpot_ms"]]
-    return float(np.median(ratios)) if ratios else None
+def calibration_scale(unloaded: dict) -> CellScale | None:
+    """The unloaded probe's `scale` (above); None when it measured no TPOT
+    (prefill takes the TPOT's factor when it measured no TTFT)."""
+
+    def median(figure: str) -> float | None:
+        ratios = [t["ratio"][figure] for t in unloaded["tiers"].values() if t["ratio"][figure]]
+        return float(np.median(ratios)) if ratios else None
+
+    decode = median("tpot_ms")
+    if decode is None:
+        return None
+    return CellScale(prefill=median("ttft_ms") or decode, decode=decode)
 
 
 @dataclass

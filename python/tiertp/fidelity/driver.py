@@ -25,7 +25,7 @@ import logging
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,7 @@ from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summariz
 from tiertp.fidelity.probe import loaded_probe, probe, probe_table
 from tiertp.fidelity.serve_process import ServeProcess
 from tiertp.ports import free_port
-from tiertp.fidelity.sim_profile import check_profile_levels, sim_profile_doc, write_sim_profile
+from tiertp.fidelity.sim_profile import CellScale, check_profile_levels, sim_profile_doc, write_sim_profile
 from tiertp.replay.driver import GOODPUT_DEFINITION, write_plots
 from tiertp.replay.driver import ReplayConfig as _PlotConfig
 from tiertp.replay.live.caps import LengthCaps
@@ -173,13 +173,14 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
                 extra_ms = _fit_overhead(cfg, run, session, ctx, measured_profile, levels, agent.max_total_tokens,
                                          scale, p, o)
                 calibrated_path = cfg.out / "profile-sim-calibrated.json"
-                run.calibration = {"scale": scale, "decode_ms_per_extra_request": extra_ms,
+                run.calibration = {"scale": asdict(scale), "decode_ms_per_extra_request": extra_ms,
                                    "rule": CALIBRATION_RULE, "profile": str(calibrated_path),
                                    "server_plans_with": "measured profile"}
                 calibrated = write_sim_profile(measured_profile, calibrated_path, agent.max_total_tokens, levels,
                                                cfg.iteration_overhead_ms, scale, extra_ms)
                 run.calibrated_ctx = replace(ctx, profile=calibrated)
-                run.say(f"calibrated profile: every cell x{scale:.2f}, a decode step +{extra_ms:.2f} ms per "
+                run.say(f"calibrated profile: prefill cells x{scale.prefill:.2f}, decode cells x{scale.decode:.2f}, "
+                        f"a decode step +{extra_ms:.2f} ms per "
                         f"running request beyond the first ({CALIBRATION_RULE})")
                 if serve is not None:
                     # The gateway plans with the profile: restarted on the
@@ -231,7 +232,7 @@ def _connect(cfg: FidelityConfig, run: _Run, serve: ServeProcess | None, tier_na
 
 
 def _fit_overhead(cfg: FidelityConfig, run: _Run, session: LiveSession, ctx: SimContext, measured_profile: Path,
-                  levels: list[int], kv_capacity_tokens: int, scale: float, prompt_tokens: int,
+                  levels: list[int], kv_capacity_tokens: int, scale: CellScale, prompt_tokens: int,
                   output_tokens: int) -> float:
     """The loaded probe and the decode step's cost per extra request it
     implies (calibration.py); 0 without the probe or a completed wave."""
