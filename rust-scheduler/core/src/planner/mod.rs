@@ -186,14 +186,26 @@ impl Planner {
     }
 
     /// How `groups` serve the tiers under the current demand: as the pool
-    /// it allows when no member but the host has a group of its own (every
-    /// member's request then runs on the host's groups), else per tier.
+    /// it allows when one member alone has groups of its own and could host
+    /// it (every member's request then runs on that tier's groups), else
+    /// per tier. The host is the one the groups belong to, not the one a
+    /// new pool would take (the busiest): a committed pool judged with
+    /// another host had no member serving it, so when two members' rates
+    /// crossed the plan looked starved and was replaced by the same GPUs
+    /// under the other host, window after window.
     fn sharing_of(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate]) -> Sharing {
-        match sharing::pool_for(self.tiers.tiers(), estimates) {
-            Some(Sharing::Pooled { host, members, load }) if groups.iter().all(|g| g.0 == host || !members.contains(&g.0)) => {
-                Sharing::Pooled { host, members, load }
-            }
-            _ => Sharing::PerTier,
+        let tiers = self.tiers.tiers();
+        let Some(Sharing::Pooled { members, load, .. }) = sharing::pool_for(tiers, estimates) else {
+            return Sharing::PerTier;
+        };
+        let mut owners = groups.iter().map(|g| g.0).filter(|t| members.contains(t));
+        let Some(host) = owners.next() else {
+            return Sharing::PerTier;
+        };
+        if sharing::can_host(tiers, host, &members) && owners.all(|t| t == host) {
+            Sharing::Pooled { host, members, load }
+        } else {
+            Sharing::PerTier
         }
     }
 
@@ -398,11 +410,13 @@ impl Planner {
         self.build_plan(&groups, estimates, None)
     }
 
-    /// Groups sized by their tier's own estimate (a pool's host's groups
-    /// take its members' requests within the host's budgets, or, where the
-    /// host's own requests cannot meet its SLO on the group, within the
-    /// merged load's); a pool's capacity counted in requests of the merged
-    /// load, and each tier credited as the groups serve it (`sharing_of`).
+    /// Groups sized by their tier's estimate; a pool's host's groups by the
+    /// host's estimate for the merged load (the host's SLO, everyone's
+    /// prompts), so their caps admit the prompts the pool is credited for:
+    /// sized by the host's own estimate, a pool kept under its short-prompt
+    /// member turned the long prompts it was counted as serving away. A
+    /// pool's capacity is counted in requests of the merged load, and each
+    /// tier credited as the groups serve it (`sharing_of`).
     /// `known`: a basis already worked out for these estimates, used when
     /// it is how the groups serve the tiers.
     fn build_plan(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate], known: Option<&Basis<'_>>) -> Plan {
@@ -426,19 +440,12 @@ impl Planner {
         let mut out: Vec<GroupPlan> = groups
             .iter()
             .map(|&(tier, role, tp, first_gpu)| {
-                let own = estimates[tier].at(tp).expect("planned TP levels were estimated");
-                let mut g = group_plan(&self.profile, &tiers[tier], own, tier, role, first_gpu);
-                if let Some((_, merged)) = merged_host.filter(|(host, _)| *host == tier) {
-                    let e = merged.at(tp).expect("planned TP levels were estimated");
-                    let pooled = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
-                    if g.slo_budget == 0 {
-                        // The host's own requests cannot meet its SLO here: the
-                        // group is the members', sized for their merged load.
-                        g = pooled;
-                    }
-                    g.capacity_rps = pooled.capacity_rps;
-                    g.served_share = pooled.served_share;
-                }
+                let sized_by = match merged_host {
+                    Some((host, merged)) if host == tier => merged,
+                    _ => &estimates[tier],
+                };
+                let e = sized_by.at(tp).expect("planned TP levels were estimated");
+                let mut g = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
                 g.capacity_rps *= counted_utilization(role, self.config.target_utilization);
                 g
             })

@@ -12,8 +12,10 @@
 //! and values them with the same objective; the commit rule picks.
 //!
 //! A pooled plan's groups belong to the host and are sized by the host's
-//! own estimate (their budgets then hold the host's SLO for whoever takes
-//! them); the greedy picks them for the merged load. Each member is
+//! estimate for the merged load (their budgets hold the host's SLO for
+//! the members' mix of prompts); the greedy picks them for the same load.
+//! A committed pool keeps the host its groups belong to while the members'
+//! rates change (`Planner::sharing_of`). Each member is
 //! credited its share of what the pool serves, so the objective, the
 //! fairness and the starvation rules see what it is served.
 
@@ -51,11 +53,17 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
     let host = members
         .iter()
         .copied()
-        .filter(|&h| !tiers[h].background && members.iter().all(|&m| tiers[h].lends_to(&tiers[m])))
+        .filter(|&h| can_host(tiers, h, &members))
         .rev()
         .max_by(|&a, &b| estimates[a].stats.arrival_rate.total_cmp(&estimates[b].stats.arrival_rate))?;
     let load = Box::new(merged_stats(estimates, &members));
     Some(Sharing::Pooled { host, members, load })
+}
+
+/// Whether `host` can host a pool of `members`: an SLO tier that lends to
+/// every one of them.
+pub fn can_host(tiers: &[Tier], host: usize, members: &[usize]) -> bool {
+    !tiers[host].background && members.iter().all(|&m| tiers[host].lends_to(&tiers[m]))
 }
 
 /// The one tier with demand, if only one has any.

@@ -357,6 +357,88 @@ fn the_proposal_is_the_better_of_per_tier_and_pooled_and_a_pooled_member_is_serv
 }
 
 #[test]
+fn a_committed_pool_is_judged_under_its_own_host_when_the_busiest_tier_changes() {
+    // Two tiers with the same SLOs lend to each other; one GPU, so they
+    // share one group, hosted by the busier tier when it was planned.
+    let mut p = planner(
+        vec![
+            Tier::slo_tier("chat", 1000.0, 100.0, 1.0),
+            Tier::slo_tier("agent", 1000.0, 100.0, 1.0),
+        ],
+        1,
+    );
+    let stats = |chat: f64, agent: f64| [TierStats::new(chat, 256.0, 64.0), TierStats::new(agent, 1024.0, 64.0)];
+    let first = p.step(&stats(2.0, 1.0)).unwrap();
+    assert_eq!(first.plan.groups[0].tier, 0, "{:?}", first.plan);
+    // The rates cross a little: the same group still serves both tiers as
+    // a pool, valued as such, and is kept.
+    let crossed = stats(1.0, 1.05);
+    let out = p.step(&crossed).unwrap();
+    assert!(!out.changed, "{:?}", out.plan);
+    assert!(out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0), "{:?}", out.plan);
+    let e = p.estimate(&crossed).unwrap();
+    let kept = objective(p.tiers().tiers(), &e, &p.refresh(&first.plan, &e));
+    assert!((out.current_objective.unwrap() - kept).abs() < 1e-9);
+    assert!(kept >= 0.9 * out.proposed_objective, "{kept} against {}", out.proposed_objective);
+}
+
+#[test]
+fn a_pool_runs_at_the_caps_of_the_estimate_that_values_it() {
+    // One GPU shared by two tiers of the same SLOs: the busier one, whose
+    // prompts are short, hosts the pool; the other's prompts are 4x longer.
+    // The objective credits the group with the merged load's capacity, so
+    // its batch and token caps are the merged load's too: the host's own
+    // (short chunks, many requests) would turn that load's long prompts
+    // into more iterations than their TTFT holds.
+    let mut p = planner(
+        vec![
+            Tier::slo_tier("chat", 1000.0, 100.0, 1.0),
+            Tier::slo_tier("agent", 1000.0, 100.0, 1.0),
+        ],
+        1,
+    );
+    let stats = [TierStats::new(2.0, 256.0, 64.0), TierStats::new(1.0, 1024.0, 64.0)];
+    let out = p.step(&stats).unwrap();
+    let [g] = &out.plan.groups[..] else { panic!("{:?}", out.plan) };
+    assert_eq!(g.tier, 0, "{g:?}");
+    assert!(out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0), "{:?}", out.plan);
+    let estimates = p.estimate(&stats).unwrap();
+    let pool = sharing::pool_for(p.tiers().tiers(), &estimates).unwrap();
+    let merged = sharing::planning_estimates(p.profile(), p.tiers().tiers(), &estimates, &pool, p.tp_levels());
+    let expected = group_plan(
+        p.profile(),
+        &p.tiers().tiers()[0],
+        merged[0].at(g.tp).unwrap(),
+        0,
+        g.role,
+        g.first_gpu,
+    );
+    let own = group_plan(
+        p.profile(),
+        &p.tiers().tiers()[0],
+        estimates[0].at(g.tp).unwrap(),
+        0,
+        g.role,
+        g.first_gpu,
+    );
+    assert_ne!(
+        (own.batch_cap, own.token_cap),
+        (expected.batch_cap, expected.token_cap),
+        "the test needs caps that differ"
+    );
+    assert_eq!(
+        (g.batch_cap, g.token_cap, g.slo_budget, g.max_prompt_tokens, g.served_share),
+        (
+            expected.batch_cap,
+            expected.token_cap,
+            expected.slo_budget,
+            expected.max_prompt_tokens,
+            expected.served_share
+        )
+    );
+}
+
+#[test]
 fn a_prefill_group_queues_as_many_batches_as_fit_in_the_ttft() {
     // 0.1 ms per prompt token, at most 1,000 tokens a batch: a batch of ten
     // 100-token prompts takes 100 ms, whatever the TTFT.
