@@ -13,6 +13,17 @@
 //! layouts were planned at 13 req/s and served 11.0; now the TP4 pool the
 //! static ablation runs, 12.8).
 //!
+//! Known limit: clustered arrivals block more than the formula says when
+//! a group's room holds only one or two long prompts. On 14B with 6,000-token
+//! prompts arriving in clusters (gamma, CV 2) at 5 req/s, the formula
+//! turns away 17% of a TP4 pool's servable prompts, and replay turns away
+//! 34%. The planner then prefers that pool to two TP2 pairs, which deliver
+//! 3% more. Three estimates measured on the recent arrivals instead were
+//! tried (a table over load and room, the same with the group count, and
+//! a replay through the plan's own groups). None did better on the
+//! held-out grid as a whole: the replay gained the clustered trace at 60
+//! req/s (46.2 -> 49.4) but lost three-tier and 3,000-token cells.
+//!
 //! The objective counts a tier's demand as what its groups admit, so a
 //! plan whose bottleneck is elsewhere (decode) loses only what does not
 //! reach it. A colocated group counts with its whole throughput and its
