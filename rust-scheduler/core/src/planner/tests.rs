@@ -356,17 +356,19 @@ fn the_proposal_is_the_better_of_per_tier_and_pooled_and_a_pooled_member_is_serv
     }
 }
 
+/// Two tiers of the same SLOs and weight: each lends to the other.
+fn twin_tiers() -> Vec<Tier> {
+    vec![
+        Tier::slo_tier("chat", 1000.0, 100.0, 1.0),
+        Tier::slo_tier("agent", 1000.0, 100.0, 1.0),
+    ]
+}
+
 #[test]
 fn a_committed_pool_is_judged_under_its_own_host_when_the_busiest_tier_changes() {
     // Two tiers with the same SLOs lend to each other; one GPU, so they
     // share one group, hosted by the busier tier when it was planned.
-    let mut p = planner(
-        vec![
-            Tier::slo_tier("chat", 1000.0, 100.0, 1.0),
-            Tier::slo_tier("agent", 1000.0, 100.0, 1.0),
-        ],
-        1,
-    );
+    let mut p = planner(twin_tiers(), 1);
     let stats = |chat: f64, agent: f64| [TierStats::new(chat, 256.0, 64.0), TierStats::new(agent, 1024.0, 64.0)];
     let first = p.step(&stats(2.0, 1.0)).unwrap();
     assert_eq!(first.plan.groups[0].tier, 0, "{:?}", first.plan);
@@ -390,13 +392,7 @@ fn a_pool_runs_at_the_caps_of_the_estimate_that_values_it() {
     // its batch and token caps are the merged load's too: the host's own
     // (short chunks, many requests) would turn that load's long prompts
     // into more iterations than their TTFT holds.
-    let mut p = planner(
-        vec![
-            Tier::slo_tier("chat", 1000.0, 100.0, 1.0),
-            Tier::slo_tier("agent", 1000.0, 100.0, 1.0),
-        ],
-        1,
-    );
+    let mut p = planner(twin_tiers(), 1);
     let stats = [TierStats::new(2.0, 256.0, 64.0), TierStats::new(1.0, 1024.0, 64.0)];
     let out = p.step(&stats).unwrap();
     let [g] = &out.plan.groups[..] else { panic!("{:?}", out.plan) };
@@ -405,22 +401,8 @@ fn a_pool_runs_at_the_caps_of_the_estimate_that_values_it() {
     let estimates = p.estimate(&stats).unwrap();
     let pool = sharing::pool_for(p.tiers().tiers(), &estimates).unwrap();
     let merged = sharing::planning_estimates(p.profile(), p.tiers().tiers(), &estimates, &pool, p.tp_levels());
-    let expected = group_plan(
-        p.profile(),
-        &p.tiers().tiers()[0],
-        merged[0].at(g.tp).unwrap(),
-        0,
-        g.role,
-        g.first_gpu,
-    );
-    let own = group_plan(
-        p.profile(),
-        &p.tiers().tiers()[0],
-        estimates[0].at(g.tp).unwrap(),
-        0,
-        g.role,
-        g.first_gpu,
-    );
+    let sized_by = |e: &TierEstimate| group_plan(p.profile(), &p.tiers().tiers()[0], e.at(g.tp).unwrap(), 0, g.role, g.first_gpu);
+    let (expected, own) = (sized_by(&merged[0]), sized_by(&estimates[0]));
     assert_ne!(
         (own.batch_cap, own.token_cap),
         (expected.batch_cap, expected.token_cap),
