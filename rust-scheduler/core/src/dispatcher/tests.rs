@@ -167,6 +167,34 @@ fn prefill_groups_take_no_more_prompts_than_decode_slots_are_free() {
 }
 
 #[test]
+fn prefill_counts_on_the_slots_a_fast_decode_group_surely_frees_before_the_prompt_is_prefilled() {
+    // Both decode slots taken; a 500-token prompt is prefilled in half the
+    // budget's drain (the 500 ms TTFT): 250 ms.
+    let full_decode = |frees_per_s: f64| {
+        let decode = GroupPlan {
+            capacity_rps: frees_per_s,
+            ..test_support::group(0, Role::Decode, 1, 0, 2)
+        };
+        let mut d = Dispatcher::new(&tiers(), &plan(vec![group(0, Role::Prefill, 0, 1000), decode]));
+        for id in [1, 2] {
+            d.dispatch(id, 0, 10, true).unwrap();
+            d.prefill_done(id).unwrap();
+            d.dispatch_decode(id, false).unwrap().unwrap();
+        }
+        d
+    };
+    let refused = Err(DispatchError::OverBudget { tier: 0 });
+    // One request a second: none surely finishes within 250 ms.
+    assert_eq!(full_decode(1.0).dispatch(3, 0, 500, true), refused);
+    // 400 a second: ~100 would, far more than the two running; the two
+    // slots they free are in view, for two prompts and no more.
+    let mut d = full_decode(400.0);
+    d.dispatch(3, 0, 500, true).unwrap();
+    d.dispatch(4, 0, 100, true).unwrap();
+    assert_eq!(d.dispatch(5, 0, 100, true), refused);
+}
+
+#[test]
 fn plan_change_keeps_charges_exact() {
     let mut d = Dispatcher::new(
         &tiers(),
