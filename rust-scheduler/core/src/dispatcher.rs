@@ -313,11 +313,12 @@ impl Dispatcher {
     /// Whether a prompt of `tier` prefilled on `node` within `within_s`
     /// would find a decode slot: more slots free by then
     /// (`Slot::slots_free_within`) on the node's decode groups of the tier
-    /// and its lenders than the tier's prompts prefilling there. True without such
-    /// groups (a prompt prefilled there decodes where it is). A lender's own
-    /// prompts are not counted against a borrower: the lent slots are the
-    /// borrower's only way out, and counting both tiers' prompts against
-    /// them shuts the borrower out whenever the lender is busy.
+    /// and its lenders than the tier's prompts prefilling there. True
+    /// without such groups (a prompt prefilled there decodes where it is).
+    /// A lender's own prompts are not counted against a borrower: the lent
+    /// slots are the borrower's only way out, and counting both tiers'
+    /// prompts against them shuts the borrower out whenever the lender is
+    /// busy.
     fn decode_room(&self, tier: TierId, node: u32, within_s: f64) -> bool {
         let mut targets = self.tier_decode[tier]
             .iter()
