@@ -232,11 +232,16 @@ impl Planner {
         let per_tier_basis = self.basis(estimates, Sharing::PerTier);
         let mut candidates = vec![self.propose_at(estimates, &per_tier_basis, &self.tp_levels)];
         let pool = sharing::pool_for(tiers, estimates).map(|pool| self.basis(estimates, pool));
+        // A pool of every tier with demand may lay out all GPUs its own way;
+        // beside a tier outside it, one level alone could leave that tier
+        // no group (one TP4 group on 4 GPUs).
+        let with_demand = estimates.iter().filter(|e| e.stats.arrival_rate > 0.0).count();
+        let whole = |pool: &Basis<'_>| matches!(&pool.sharing, Sharing::Pooled { members, .. } if members.len() == with_demand);
         if let Some(pool) = &pool {
             // The pool on all levels, and on each level alone: a mix of levels the
             // greedy builds tier by tier can split GPUs that one level's groups use whole.
             candidates.push(self.propose_at(estimates, pool, &self.tp_levels));
-            if self.tp_levels.len() > 1 {
+            if self.tp_levels.len() > 1 && whole(pool) {
                 candidates.extend(self.tp_levels.iter().map(|&tp| self.propose_at(estimates, pool, &[tp])));
             }
         }
@@ -257,8 +262,8 @@ impl Planner {
         }
         let sole = match &pool {
             Some(pool) => match &pool.sharing {
-                Sharing::Pooled { host, .. } => Some((*host, pool)),
-                Sharing::PerTier => None,
+                Sharing::Pooled { host, .. } if whole(pool) => Some((*host, pool)),
+                _ => None,
             },
             None => sharing::sole_tier_with_demand(estimates).map(|t| (t, &per_tier_basis)),
         };

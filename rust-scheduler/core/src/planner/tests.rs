@@ -301,6 +301,37 @@ fn a_pool_is_hosted_by_the_tier_that_lends_to_every_other() {
 }
 
 #[test]
+fn a_tier_the_host_does_not_lend_to_stays_out_of_the_pool_on_groups_of_its_own() {
+    // A background tier worth less than chat: chat lends to agent, not to it.
+    let tiers = vec![
+        Tier::slo_tier("chat", 300.0, 15.0, 1.0),
+        Tier::slo_tier("agent", 600.0, 30.0, 1.0),
+        Tier::background_tier("batch", 0.5),
+    ];
+    let mut p = planner(tiers, 8);
+    let stats = [
+        TierStats::new(4.0, 1024.0, 256.0),
+        TierStats::new(5.0, 1024.0, 256.0),
+        TierStats::new(2.0, 1024.0, 256.0),
+    ];
+    let e = p.estimate(&stats).unwrap();
+    let Some(Sharing::Pooled { host, members, load }) = sharing::pool_for(p.tiers().tiers(), &e) else {
+        panic!("chat lends to agent: a pool of the two");
+    };
+    assert_eq!((host, members), (0, vec![0, 1]));
+    assert_eq!(load.arrival_rate, 9.0);
+    // Every tier is served: the pool's members by its groups, batch by its own.
+    let out = p.step(&stats).unwrap();
+    assert!(out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0), "{:?}", out.plan);
+    assert!(out.plan.groups.iter().any(|g| g.tier == 2), "batch has no group: {:?}", out.plan);
+    assert!(
+        out.plan.groups.iter().all(|g| g.tier != 1),
+        "agent is served by the pool: {:?}",
+        out.plan
+    );
+}
+
+#[test]
 fn pool_members_are_credited_their_share_of_what_the_pool_serves() {
     let p = planner(
         vec![Tier::slo_tier("chat", 300.0, 15.0, 1.0), Tier::slo_tier("agent", 600.0, 30.0, 1.0)],
