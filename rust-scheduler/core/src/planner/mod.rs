@@ -232,11 +232,7 @@ impl Planner {
         let per_tier_basis = self.basis(estimates, Sharing::PerTier);
         let mut candidates = vec![self.propose_at(estimates, &per_tier_basis, &self.tp_levels)];
         let pool = sharing::pool_for(tiers, estimates).map(|pool| self.basis(estimates, pool));
-        // A pool of every tier with demand may lay out all GPUs its own way;
-        // beside a tier outside it, one level alone could leave that tier
-        // no group (one TP4 group on 4 GPUs).
-        let with_demand = estimates.iter().filter(|e| e.stats.arrival_rate > 0.0).count();
-        let whole = |pool: &Basis<'_>| matches!(&pool.sharing, Sharing::Pooled { members, .. } if members.len() == with_demand);
+        let whole = |pool: &Basis<'_>| sharing::pools_every_tier_with_demand(&pool.sharing, estimates);
         if let Some(pool) = &pool {
             // The pool on all levels, and on each level alone: a mix of levels the
             // greedy builds tier by tier can split GPUs that one level's groups use whole.

@@ -67,23 +67,30 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
         }
         members
     };
-    let host = with_demand
+    let (host, members) = with_demand
         .iter()
         .copied()
         .filter(|&h| !tiers[h].background)
+        .map(|h| (h, members_of(h)))
         .rev()
-        .max_by(|&a, &b| {
-            let count = |h: usize| members_of(h).len();
-            count(a)
-                .cmp(&count(b))
-                .then(estimates[a].stats.arrival_rate.total_cmp(&estimates[b].stats.arrival_rate))
+        .max_by(|(a, ma), (b, mb)| {
+            ma.len()
+                .cmp(&mb.len())
+                .then(estimates[*a].stats.arrival_rate.total_cmp(&estimates[*b].stats.arrival_rate))
         })?;
-    let members = members_of(host);
     if members.len() < 2 {
         return None;
     }
     let load = Box::new(merged_stats(estimates, &members));
     Some(Sharing::Pooled { host, members, load })
+}
+
+/// Whether `sharing` is a pool of every tier with demand: only such a
+/// pool may lay out all GPUs its own way (beside a tier outside it, one TP
+/// level alone could leave that tier no group: one TP4 group on 4 GPUs).
+pub fn pools_every_tier_with_demand(sharing: &Sharing, estimates: &[TierEstimate]) -> bool {
+    let with_demand = estimates.iter().filter(|e| e.stats.arrival_rate > 0.0).count();
+    matches!(sharing, Sharing::Pooled { members, .. } if members.len() == with_demand)
 }
 
 /// Whether `host` can host a pool of `members`: an SLO tier that lends to
