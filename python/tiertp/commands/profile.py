@@ -4,6 +4,8 @@ Two modes share the command:
   tiertp profile [measure options]      measure the real engine (tiertp.profiling.cli)
   tiertp profile build-defaults [...]   compose the shipped GPU tables from
                                         measured kernel latencies (tiertp.profiles.build_defaults)
+  tiertp profile compose --config ...   compose a table the same way for another model,
+                                        from its config.json (tiertp.profiles.from_config)
 Each mode's module exposes `add_arguments(parser)` and `run(args) -> int`.
 """
 
@@ -15,6 +17,7 @@ import importlib
 # mode name -> module; the measuring mode is the default (no mode word).
 MODES = {
     "build-defaults": "tiertp.profiles.build_defaults",
+    "compose": "tiertp.profiles.from_config",
 }
 MEASURE_MODULE = "tiertp.profiling.cli"
 
@@ -32,7 +35,7 @@ def _mode_parser(prog: str, module: str) -> argparse.ArgumentParser:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile",
-        help="measure TP performance tables, or build the default GPU tables",
+        help="measure TP performance tables, or compose GPU tables from kernel latencies",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False,

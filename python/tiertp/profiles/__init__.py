@@ -2,7 +2,9 @@
 
 `resolve(gpu, model)` names a shipped default table (defaults/*.json);
 `tiertp profile build-defaults` (build_defaults.py) regenerates them from
-the kernel tables in the public data (gpu-kernels/).
+the kernel tables in the public data (gpu-kernels/), and `tiertp profile
+compose` (from_config.py) composes one the same way for any other
+Llama-, Mistral- or Qwen2-shaped model from its config.json.
 """
 
 from tiertp.profiles.registry import DEFAULTS_DIR, resolve, shipped

@@ -43,6 +43,8 @@ SOURCE = {
     "plus the newest NCCL collection); Apache-2.0",
 }
 SIGNIFICANT_DIGITS = 5
+# The command recorded as each shipped file's generator.
+GENERATOR = "tiertp profile build-defaults (tiertp.profiles.build_defaults)"
 
 # Written into each file's provenance beside the composer's own description.
 MONOTONE_NOTE = (
@@ -74,12 +76,23 @@ def suffix_min(rows: list[list[float]], axis: int) -> list[list[float]]:
     return [list(col) for col in zip(*suffix_min([list(c) for c in zip(*rows)], 1))]
 
 
-def build_profile(gpu: GpuSpec, model: ModelShape, tables: KernelTables, generated: str) -> dict[str, Any]:
+def load_tables(root: Path, gpu: GpuSpec) -> KernelTables:
+    """`gpu`'s kernel tables from the public data folder `root`."""
+    gpu_dir = root / "gpu-kernels" / gpu.data_dir
+    if not gpu_dir.is_dir():
+        raise FileNotFoundError(f"{gpu_dir}: kernel tables for {gpu.name} not found (give --data or set TIERTP_DATA)")
+    return KernelTables.load(gpu_dir, expect_device=gpu.device)
+
+
+def build_profile(
+    gpu: GpuSpec, model: ModelShape, tables: KernelTables, generated: str, generator: str = GENERATOR
+) -> dict[str, Any]:
     """The profile (schema: rust-scheduler/core/src/profile/schema.rs) of
     `model` on `gpu` at every TP level it fits at; raises if it fits at none."""
     levels = capacity.fitting_tp_levels(model, gpu)
     if not levels:
-        raise ValueError(f"{model.name} fits on {gpu.name} at no TP level of {capacity.TP_CANDIDATES}")
+        why = "; ".join(f"TP {tp}: {_why_not(model, gpu, tp)}" for tp in capacity.TP_CANDIDATES)
+        raise ValueError(f"{model.name} fits on {gpu.name} at no TP level ({why})")
     tp_levels: dict[str, Any] = {}
     for tp in levels:
         c = Composer(model, tables, tp)
@@ -107,17 +120,19 @@ def build_profile(gpu: GpuSpec, model: ModelShape, tables: KernelTables, generat
         "model": model.name,
         "dtype": "bfloat16",
         "kv_bytes_per_token": model.kv_bytes_per_token,
-        "provenance": _provenance(gpu, model, tables, levels, generated),
+        "provenance": _provenance(gpu, model, tables, levels, generated, generator),
         "tp_levels": tp_levels,
     }
 
 
-def _provenance(gpu: GpuSpec, model: ModelShape, tables: KernelTables, levels: list[int], generated: str) -> dict[str, Any]:
+def _provenance(
+    gpu: GpuSpec, model: ModelShape, tables: KernelTables, levels: list[int], generated: str, generator: str
+) -> dict[str, Any]:
     ew = compose.Elementwise.from_kernels(tables)
     skipped = [tp for tp in capacity.TP_CANDIDATES if tp not in levels]
     return {
         "kind": "composed from measured kernel latencies (not an end-to-end measurement)",
-        "generator": f"tiertp {__version__}, tiertp profile build-defaults (tiertp.profiles.build_defaults)",
+        "generator": f"tiertp {__version__}, {generator}",
         "generated": generated,
         "source": {k: v.format(gpu=gpu.data_dir) for k, v in SOURCE.items()},
         "source_versions": tables.versions,
@@ -161,7 +176,7 @@ def write_profile(profile: dict[str, Any], path: Path) -> None:
     path.write_text(text + "\n")
 
 
-def _validate(path: Path) -> str | None:
+def loader_complaint(path: Path) -> str | None:
     """The planner's loader's complaint about `path`, or None; skipped (with a
     warning) when the Rust bindings are not built."""
     try:
@@ -191,16 +206,13 @@ def run(args: argparse.Namespace) -> int:
     generated = args.date or dt.datetime.now(dt.timezone.utc).date().isoformat()
     problems = []
     for gpu in gpus:
-        gpu_dir = root / "gpu-kernels" / gpu.data_dir
-        if not gpu_dir.is_dir():
-            raise FileNotFoundError(f"{gpu_dir}: kernel tables for {gpu.name} not found (give --data or set TIERTP_DATA)")
-        tables = KernelTables.load(gpu_dir, expect_device=gpu.device)
+        tables = load_tables(root, gpu)
         for model in models:
             profile = build_profile(gpu, model, tables, generated)
             path = args.out / table_name(gpu, model)
             write_profile(profile, path)
             log.info("wrote %s (TP %s, %.0f KB)", path, ",".join(profile["tp_levels"]), path.stat().st_size / 1024)
-            problem = _validate(path)
+            problem = loader_complaint(path)
             if problem:
                 problems.append(problem)
     for p in problems:

@@ -1,9 +1,10 @@
-"""Model shapes the default tables are composed for: the one list of them.
+"""Model shapes the default tables are composed for: the one list of them,
+and the shape of any other composable model read from its `config.json`.
 
 Shapes are from each model's Hugging Face `config.json`. Only the
-architecture matters here (Llama/Qwen2 decoder: GQA attention with RoPE,
-SwiGLU MLP, RMSNorm, untied embedding and LM head), so one shape can stand
-for several checkpoints (`aliases`).
+architecture matters here (Llama/Mistral/Qwen2 decoder: GQA attention with
+RoPE, SwiGLU MLP, RMSNorm), so one shape can stand for several checkpoints
+(`aliases`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BYTES_PER_PARAM = 2  # bf16 weights and KV cache
+
+# Architectures whose decoder layer is the one `compose` adds up (GQA
+# attention with RoPE, SwiGLU MLP, RMSNorm), each with whether its q/k/v
+# projections carry biases (None: as the config's `attention_bias` says).
+COMPOSABLE_ARCHITECTURES: dict[str, bool | None] = {
+    "LlamaForCausalLM": None,
+    "MistralForCausalLM": False,
+    "Qwen2ForCausalLM": True,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +73,7 @@ class DecoderShape:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape(DecoderShape):
-    """A named model of the default tables (Llama/Qwen2 decoder, untied).
+    """A named model whose TP tables are composed (Llama/Qwen2 decoder).
 
     Invariant: heads and kv_heads divide evenly at every TP level used
     (checked by `tp_ok`).
@@ -72,11 +82,46 @@ class ModelShape(DecoderShape):
     name: str
     hf_id: str
     qkv_bias: bool = False
+    # The LM head reuses the embedding's weights (small models do): they
+    # count once in the weights' memory, and the LM head GEMM is the same.
+    tied_embeddings: bool = False
     aliases: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: dict, *, name: str, hf_id: str) -> ModelShape:
+        """The shape a Hugging Face ``config.json`` (as a dict) describes;
+        ValueError naming the problem when its layers are not the ones
+        `compose` adds up."""
+        archs = cfg.get("architectures") or []
+        if len(archs) != 1 or archs[0] not in COMPOSABLE_ARCHITECTURES:
+            raise ValueError(
+                f"architectures {archs}: a profile can be composed only for "
+                f"{', '.join(COMPOSABLE_ARCHITECTURES)}"
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {cfg['hidden_act']!r}: the composed MLP is SwiGLU (silu)")
+        if cfg.get("mlp_bias"):
+            raise ValueError("mlp_bias=true: the composed MLP has no biases")
+        try:
+            fields = cls.fields_from_config(cfg)
+        except KeyError as e:
+            raise ValueError(f"config has no {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"config has a field that is not a number: {e}") from None
+        if min(fields.values()) < 1:
+            raise ValueError(f"config has a size below 1: {fields}")
+        bias = COMPOSABLE_ARCHITECTURES[archs[0]]
+        return cls(
+            **fields,
+            name=name,
+            hf_id=hf_id,
+            qkv_bias=bool(cfg.get("attention_bias", False)) if bias is None else bias,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
 
     @property
     def params(self) -> int:
-        """Parameter count (embedding and LM head counted separately: untied)."""
+        """Parameter count (the embedding and LM head twice unless tied)."""
         h = self.hidden
         per_layer = (
             h * (self.q_dim + 2 * self.kv_dim)  # fused QKV
@@ -85,7 +130,8 @@ class ModelShape(DecoderShape):
             + 3 * h * self.intermediate  # gate, up, down
             + 2 * h  # two RMSNorms
         )
-        return self.layers * per_layer + 2 * self.vocab * h + h
+        embeddings = 1 if self.tied_embeddings else 2
+        return self.layers * per_layer + embeddings * self.vocab * h + h
 
     @property
     def weight_bytes(self) -> int:
@@ -108,6 +154,7 @@ class ModelShape(DecoderShape):
             "intermediate": self.intermediate,
             "vocab": self.vocab,
             "qkv_bias": self.qkv_bias,
+            "tied_embeddings": self.tied_embeddings,
             "params": self.params,
         }
 
@@ -145,4 +192,8 @@ def get_model(name: str) -> ModelShape:
         if key == m.name or key in m.aliases:
             return m
     valid = sorted([*MODELS, *(a for m in MODELS.values() for a in m.aliases)])
-    raise ValueError(f"unknown model {name!r}; valid models: {', '.join(valid)}")
+    raise ValueError(
+        f"unknown model {name!r}; valid models: {', '.join(valid)} "
+        "(for another Llama- or Qwen2-shaped model, compose a profile from its config.json: "
+        "`tiertp profile compose --config PATH --gpu GPU --out FILE`, then pass `--profile FILE`)"
+    )

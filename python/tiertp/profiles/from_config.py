@@ -1,0 +1,79 @@
+"""Compose a TP profile for a model the shipped tables do not cover, from its
+Hugging Face config.json and measured GPU kernel latencies
+(<data>/gpu-kernels/<gpu>/), the way `build-defaults` composes the shipped
+ones: at every TP level the model fits at on that GPU, checked by the
+planner's profile loader. Any Llama-, Mistral- or Qwen2-shaped model with
+128-dimensional heads composes; give the file to any command as
+`--profile FILE`.
+
+e.g. tiertp profile compose --config Qwen2.5-7B-Instruct/config.json --gpu h100 --out qwen2.5-7b-h100.json
+     tiertp replay --trace azure-conv --profile qwen2.5-7b-h100.json --gpus 4 --policies all
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+from pathlib import Path
+
+from tiertp.data import data_dir
+from tiertp.profiles.build_defaults import build_profile, load_tables, loader_complaint, write_profile
+from tiertp.profiles.gpus import GPUS, get_gpu
+from tiertp.profiles.models import ModelShape
+
+log = logging.getLogger(__name__)
+
+GENERATOR = "tiertp profile compose (tiertp.profiles.from_config)"
+
+
+def read_model_config(path: Path) -> tuple[dict, Path]:
+    """The config as a dict and the file it came from: `path` itself, or
+    the config.json of the model directory `path`."""
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: no such file (give a model's config.json or its directory)")
+    try:
+        cfg = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{file}: a config.json holds a JSON object, this holds {type(cfg).__name__}")
+    return cfg, file
+
+
+def model_name(cfg: dict, file: Path) -> str:
+    """What the profile calls the model: the last part of the config's
+    `_name_or_path`, else the name of the folder it sits in."""
+    named = str(cfg.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    return (named or file.resolve().parent.name).lower()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="the model's config.json, or its directory")
+    parser.add_argument("--gpu", required=True, help=f"GPU whose kernel latencies to compose ({', '.join(GPUS)})")
+    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write")
+    parser.add_argument("--name", help="the profile's model name (default: from the config's _name_or_path, else its folder)")
+    parser.add_argument("--data", type=Path, help="public data folder holding gpu-kernels/ (default: $TIERTP_DATA or ../shared/data)")
+    parser.add_argument("--date", default=None, help="date recorded as provenance.generated (default: today, UTC)")
+
+
+def run(args: argparse.Namespace) -> int:
+    gpu = get_gpu(args.gpu)
+    cfg, file = read_model_config(args.config)
+    name = args.name or model_name(cfg, file)
+    generated = args.date or dt.datetime.now(dt.timezone.utc).date().isoformat()
+    tables = load_tables(args.data if args.data else data_dir(), gpu)
+    try:
+        model = ModelShape.from_config(cfg, name=name, hf_id=str(cfg.get("_name_or_path") or name))
+        profile = build_profile(gpu, model, tables, generated, GENERATOR)
+    except ValueError as e:
+        raise ValueError(f"{file}: {e}") from None
+    write_profile(profile, args.out)
+    problem = loader_complaint(args.out)
+    if problem:
+        log.error("profile loader rejects: %s", problem)
+        return 1
+    print(f"wrote {args.out}: {name} on {gpu.name}, TP {','.join(profile['tp_levels'])}")
+    return 0
