@@ -9,6 +9,7 @@ RoPE, SwiGLU MLP, RMSNorm), so one shape can stand for several checkpoints
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 BYTES_PER_PARAM = 2  # bf16 weights and KV cache
@@ -58,6 +59,20 @@ class DecoderShape:
             "vocab": int(cfg["vocab_size"]),
         }
 
+    @staticmethod
+    def config_problem(cfg: dict, architectures: Iterable[str]) -> str | None:
+        """Why a Hugging Face ``config.json`` (as a dict) is not a decoder of
+        one of `architectures` with this decoder's MLP (SwiGLU with SiLU, no
+        biases), or None."""
+        archs = cfg.get("architectures") or []
+        if len(archs) != 1 or archs[0] not in architectures:
+            return f"architectures {archs} not supported; supported: {', '.join(architectures)}"
+        if cfg.get("hidden_act", "silu") != "silu":
+            return f"hidden_act {cfg['hidden_act']!r}: the MLP supported is SwiGLU with silu"
+        if cfg.get("mlp_bias"):
+            return "mlp_bias=true: the MLP supported has no biases"
+        return None
+
     @property
     def q_dim(self) -> int:
         return self.heads * self.head_dim
@@ -92,16 +107,9 @@ class ModelShape(DecoderShape):
         """The shape a Hugging Face ``config.json`` (as a dict) describes;
         ValueError naming the problem when its layers are not the ones
         `compose` adds up."""
-        archs = cfg.get("architectures") or []
-        if len(archs) != 1 or archs[0] not in COMPOSABLE_ARCHITECTURES:
-            raise ValueError(
-                f"architectures {archs}: a profile can be composed only for "
-                f"{', '.join(COMPOSABLE_ARCHITECTURES)}"
-            )
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {cfg['hidden_act']!r}: the composed MLP is SwiGLU (silu)")
-        if cfg.get("mlp_bias"):
-            raise ValueError("mlp_bias=true: the composed MLP has no biases")
+        problem = cls.config_problem(cfg, COMPOSABLE_ARCHITECTURES)
+        if problem:
+            raise ValueError(f"{problem} (composing a profile)")
         try:
             fields = cls.fields_from_config(cfg)
         except KeyError as e:
@@ -110,7 +118,7 @@ class ModelShape(DecoderShape):
             raise ValueError(f"config has a field that is not a number: {e}") from None
         if min(fields.values()) < 1:
             raise ValueError(f"config has a size below 1: {fields}")
-        bias = COMPOSABLE_ARCHITECTURES[archs[0]]
+        bias = COMPOSABLE_ARCHITECTURES[cfg["architectures"][0]]
         return cls(
             **fields,
             name=name,

@@ -39,16 +39,9 @@ class LlamaShape(DecoderShape):
 
     @classmethod
     def from_config(cls, cfg: dict) -> LlamaShape:
-        archs = cfg.get("architectures") or []
-        if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModel(
-                f"architectures {archs} not supported by the shared weight store; supported: "
-                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        if cfg.get("mlp_bias"):
-            raise UnsupportedModel("mlp_bias=true: SGLang's LlamaMLP has no MLP biases")
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModel(f"hidden_act {cfg.get('hidden_act')!r}: SGLang's LlamaMLP supports only silu")
+        problem = cls.config_problem(cfg, SUPPORTED_ARCHITECTURES)
+        if problem:
+            raise UnsupportedModel(f"{problem} (the shared weight store)")
         if cfg.get("quantization_config"):
             raise UnsupportedModel("quantized checkpoints are not supported by the shared weight store")
         return cls(
