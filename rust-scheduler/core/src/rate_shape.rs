@@ -132,6 +132,19 @@ impl RateShape {
         Self { points, steady: false }
     }
 
+    /// The mean over windows of this tier's share of the arrivals when it
+    /// averages `mean_rps` beside a steady `rest_rps` of other tiers'
+    /// (its rate share when it is steady; less when its rate is high in
+    /// few windows, the ones where it takes a larger share of the same
+    /// room).
+    pub fn time_share(&self, mean_rps: f64, rest_rps: f64) -> f64 {
+        let share = |x: f64| if x + rest_rps > 0.0 { x / (x + rest_rps) } else { 0.0 };
+        if self.steady {
+            return share(mean_rps);
+        }
+        self.points.iter().map(|p| share(p * mean_rps)).sum::<f64>() / POINTS as f64
+    }
+
     /// The rate of the busiest windows (the top quantile point).
     pub fn peak(&self, mean_rps: f64) -> f64 {
         self.points[POINTS - 1] * mean_rps
@@ -219,6 +232,20 @@ mod tests {
         // Two equal independent tiers: the sum varies by 1/sqrt(2) as much.
         let two = RateShape::pooled(&[(10.0, bursty), (10.0, bursty)]);
         assert!((two.cv() - bursty.cv() / 2f64.sqrt()).abs() < 1e-9, "{} {}", two.cv(), bursty.cv());
+    }
+
+    #[test]
+    fn a_bursty_tier_has_a_smaller_share_of_the_windows_than_of_the_rate() {
+        assert!((RateShape::steady().time_share(3.0, 1.0) - 0.75).abs() < 1e-12);
+        // Nine quiet windows of 1 and one burst of 91: mean 10, beside a
+        // steady 10. Its rate share is a half; in nine windows of ten it
+        // has 1 arrival in 11.
+        let mut counts = vec![1.0; 9];
+        counts.push(91.0);
+        let bursty = RateShape::from_counts(&counts);
+        let share = bursty.time_share(10.0, 10.0);
+        assert!(share < 0.25, "{share}");
+        assert!(share > 1.0 / 11.0, "{share}");
     }
 
     #[test]

@@ -544,3 +544,42 @@ fn decode_is_counted_for_the_prompts_the_plans_prefill_serves() {
     assert_eq!(capacity, short.throughput_rps);
     assert!(capacity > 1.2 * whole_set, "{capacity} against {whole_set}");
 }
+
+#[test]
+fn a_pool_takes_its_lengths_from_what_it_serves_when_full_not_from_a_bursty_members_rate() {
+    // Chat is steady with long outputs; agent has the same mean rate in
+    // bursts, with short outputs. When the pool is full, a freed place goes
+    // to chat in most windows, so the pool's mean output is mostly chat's.
+    use crate::rate_shape::RateShape;
+    let mut counts = vec![1.0; 9];
+    counts.push(91.0);
+    let stats = [
+        TierStats::new(10.0, 1000.0, 160.0),
+        TierStats::new(10.0, 2000.0, 30.0).with_rate_shape(RateShape::from_counts(&counts)),
+    ];
+    let p = planner(
+        vec![Tier::slo_tier("chat", 500.0, 40.0, 1.0), Tier::slo_tier("agent", 1000.0, 60.0, 1.0)],
+        4,
+    );
+    let e = p.estimate(&stats).unwrap();
+    let Some(Sharing::Pooled { members, load, .. }) = sharing::pool_for(p.tiers().tiers(), &e) else {
+        panic!("chat lends to agent: a pool");
+    };
+    assert_eq!(members.len(), 2);
+    assert_eq!(load.arrival_rate, 20.0, "the demand is both members' whole rate");
+    let by_rate = (160.0 + 30.0) / 2.0;
+    // Chat gets about three places in four (its rate share is a half).
+    assert!(
+        load.mean_output_tokens > by_rate + 20.0,
+        "{} (by rate: {by_rate})",
+        load.mean_output_tokens
+    );
+    assert!(load.mean_prompt_tokens < 1300.0, "{} (by rate: 1500)", load.mean_prompt_tokens);
+    // Both steady: the rate shares.
+    let steady = [stats[0], TierStats::new(10.0, 2000.0, 30.0)];
+    let e = p.estimate(&steady).unwrap();
+    let Some(Sharing::Pooled { load, .. }) = sharing::pool_for(p.tiers().tiers(), &e) else {
+        panic!("a pool");
+    };
+    assert!((load.mean_output_tokens - by_rate).abs() < 1e-9, "{}", load.mean_output_tokens);
+}
