@@ -88,7 +88,7 @@ class DecoderShape:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape(DecoderShape):
-    """A named model whose TP tables are composed (Llama/Qwen2 decoder).
+    """A named model whose TP tables are composed (Llama/Mistral/Qwen2 decoder).
 
     Invariant: heads and kv_heads divide evenly at every TP level used
     (checked by `tp_ok`).
@@ -202,6 +202,6 @@ def get_model(name: str) -> ModelShape:
     valid = sorted([*MODELS, *(a for m in MODELS.values() for a in m.aliases)])
     raise ValueError(
         f"unknown model {name!r}; valid models: {', '.join(valid)} "
-        "(for another Llama- or Qwen2-shaped model, compose a profile from its config.json: "
+        "(for another Llama-, Mistral- or Qwen2-shaped model, compose a profile from its config.json: "
         "`tiertp profile compose --config PATH --gpu GPU --out FILE`, then pass `--profile FILE`)"
     )

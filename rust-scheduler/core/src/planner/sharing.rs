@@ -117,7 +117,8 @@ pub fn sole_tier_with_demand(estimates: &[TierEstimate]) -> Option<usize> {
 /// agent tier (long prompts, short outputs) counted its TP2 decode group at
 /// 111 req/s where it served about 70, and moved GPUs from decode to
 /// prefill that served no more (Llama-3.2-3B on 4 H100 at 160 req/s, 150
-/// ms TTFT: 72.1 -> 77.2 req/s). Steady members get their rate shares.
+/// ms TTFT: 72.1 -> 77.2 req/s). Where every member is steady, the
+/// shares are the rate shares.
 fn served_weights(estimates: &[TierEstimate], members: &[usize], rate: f64) -> Vec<f64> {
     let shares: Vec<f64> = members
         .iter()
