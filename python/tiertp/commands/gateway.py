@@ -126,12 +126,12 @@ def wait_for_agents(nodes: list[WorkerEntry], key: ControlKey, timeout_s: float,
                     else:
                         log.warning("agent %s: %s; its devices join the plan once ready", node.endpoint, state)
                 return
-            if stop.event.is_set():
+            if stop.is_set():
                 raise KeyboardInterrupt
             if time.monotonic() >= deadline:
                 where = ", ".join(f"{n.endpoint} ({s})" for n, s in zip(nodes, states))
                 raise TimeoutError(f"no agent had a device ready within {timeout_s:g} s (--ready-timeout): {where}")
-            stop.event.wait(0.5)
+            stop.wait(0.5)
 
 
 def _state(stats: dict | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -22,16 +22,35 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Stop:
-    """Set by SIGINT/SIGTERM; the main thread waits on it. The handler only
-    sets the event, so a second signal cannot interrupt the cleanup."""
+    """Set by SIGINT/SIGTERM; the main thread polls it (`is_set`, `wait`).
+    The handler only records the signal and takes no lock: a handler runs
+    between two lines of whatever the main thread runs, itself included,
+    so a second signal handled inside a first one's `threading.Event.set`
+    waited for the lock that set held, and the process never stopped (two
+    SIGINTs at once: Ctrl-C to a process group, or `timeout` forwarding
+    one)."""
+
+    POLL_S = 0.05
 
     def __init__(self):
-        self.event = threading.Event()
         self.signum: int | None = None
 
     def _handler(self, signum, _frame) -> None:
-        self.signum = signum
-        self.event.set()
+        if self.signum is None:
+            self.signum = signum
+
+    def is_set(self) -> bool:
+        return self.signum is not None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Whether a signal came within `timeout_s` (True as soon as one has)."""
+        deadline = time.monotonic() + timeout_s
+        while self.signum is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, self.POLL_S))
+        return True
 
 
 @contextmanager
@@ -68,7 +87,7 @@ def serve_gateway(prog: str, settings: GatewaySettings, workers: list[tuple[str,
     try:
         print(banner(prog, gateway.address, settings.model, devices, settings.tp_levels, settings.profile,
                      settings.tiers_path), flush=True)
-        while not stop.event.wait(0.5):
+        while not stop.wait(0.5):
             why = check()
             if why:
                 log.error("%s; stopping", why)

@@ -100,7 +100,7 @@ class Agent:
         try:
             def recv_until(pred, what: str) -> dict:
                 while True:
-                    if stop.event.is_set():
+                    if stop.is_set():
                         raise KeyboardInterrupt
                     if self.popen.poll() is not None:
                         raise RuntimeError(f"the agent exited with code {self.popen.returncode} while {what}")
@@ -137,7 +137,7 @@ class Agent:
                 starting = [p["tp_group"] for p in m.get("processes", []) if p["state"] != "ready"]
                 if not starting:
                     break
-                if stop.event.wait(0.5):
+                if stop.wait(0.5):
                     raise KeyboardInterrupt
         finally:
             conn.close()
