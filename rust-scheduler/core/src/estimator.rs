@@ -43,7 +43,10 @@
 //!   c tokens. c₀ = ⌈B·L_in/L_out⌉ keeps pace with the decodes in every
 //!   iteration; a larger chunk (doublings of c₀, up to the whole prompt) is
 //!   carried by a share c₀/c of them. Every iteration with a chunk,
-//!   T_d(B) + T_p(c), must be ≤ TPOT, and ⌈L_in/c⌉ of them after the one
+//!   T_d(B) + T_p(c), must be ≤ TPOT (for a tier that no group serves
+//!   that way, the mean step of a request of L_out steps that sees
+//!   max(c₀/c, 1/L_out) of them with a chunk instead: TPOT is a
+//!   per-request mean, `TpotRule`), and ⌈L_in/c⌉ of them after the one
 //!   under way ≤ TTFT; X_c = B / (L_out · T̄) with the mean iteration
 //!   T̄ = T_d(B) + (c₀/c)·T_p(c), best over B and c. A chunk's fixed cost
 //!   is paid fewer times in larger chunks: with a loose TPOT and outputs
@@ -207,35 +210,51 @@ impl TierEstimate {
 }
 
 /// Estimates one tier at every TP level in `tp_levels` (together: decode
-/// is sized for the prompts the prefill-capable stages serve).
-pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32]) -> TierEstimate {
+/// is sized for the prompts the prefill-capable stages serve); a prefill +
+/// decode pair must fit in `node_gpus` (the largest node's GPUs).
+pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32], node_gpus: u32) -> TierEstimate {
     let l_in = stats.mean_prompt_tokens.max(1.0);
-    let prefilling: Vec<(u32, StageEstimate, StageEstimate)> = tp_levels
-        .iter()
-        .map(|&tp| {
-            let prompts = Prompts {
-                mean: l_in,
-                lengths: &stats.prompt_lengths,
-                longest_in_time: longest_in_time(profile, tp, tier.ttft_ms),
-            };
-            (
-                tp,
-                prefill(profile, tp, tier.ttft_ms, &prompts),
-                colocated(profile, tp, tier.ttft_ms, tier.tpot_ms, &prompts, &stats),
-            )
-        })
-        .collect();
+    let prompts_at = |tp: u32| Prompts {
+        mean: l_in,
+        lengths: &stats.prompt_lengths,
+        longest_in_time: longest_in_time(profile, tp, tier.ttft_ms),
+    };
+    let slos = (tier.ttft_ms, tier.tpot_ms);
     // Decode groups serve the tier's demand: the prompts some
     // prefill-capable stage serves, at most the largest such subset, whose
     // mean sets the context.
-    let share = prompt_lengths::best_served_share(
-        prefilling
-            .iter()
-            .flat_map(|(_, p, c)| [p, c])
-            .filter(|s| s.feasible())
-            .map(|s| s.served_share),
-    );
-    let decode_prompt = subset_mean(&stats, share);
+    let decode_prompt = |prefilling: &[(u32, StageEstimate, StageEstimate)]| {
+        let share = prompt_lengths::best_served_share(
+            prefilling
+                .iter()
+                .flat_map(|(_, p, c)| [p, c])
+                .filter(|s| s.feasible())
+                .map(|s| s.served_share),
+        );
+        subset_mean(&stats, share)
+    };
+    let mut prefilling: Vec<(u32, StageEstimate, StageEstimate)> = tp_levels
+        .iter()
+        .map(|&tp| {
+            let prompts = prompts_at(tp);
+            (
+                tp,
+                prefill(profile, tp, tier.ttft_ms, &prompts),
+                colocated(profile, tp, slos, &prompts, &stats, TpotRule::EveryIteration),
+            )
+        })
+        .collect();
+    let unservable = || {
+        let decode_prompt = decode_prompt(&prefilling);
+        let decode_at = |tp: u32| decode(profile, tp, tier.tpot_ms, &stats, decode_prompt);
+        !servable(&prefilling, decode_at, node_gpus)
+    };
+    if tier.tpot_ms.is_some() && unservable() {
+        for (tp, _, c) in &mut prefilling {
+            *c = colocated(profile, *tp, slos, &prompts_at(*tp), &stats, TpotRule::RequestMean);
+        }
+    }
+    let decode_prompt = decode_prompt(&prefilling);
     let per_tp = prefilling
         .into_iter()
         .map(|(tp, prefill, colocated)| {
@@ -262,6 +281,22 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
         stats,
         per_tp,
     }
+}
+
+/// Whether some group meets the tier's SLOs on every iteration: a
+/// colocated one, or a prefill + decode pair that fits on one node.
+fn servable(prefilling: &[(u32, StageEstimate, StageEstimate)], decode_at: impl Fn(u32) -> StageEstimate, node_gpus: u32) -> bool {
+    if prefilling.iter().any(|(_, _, c)| c.feasible()) {
+        return true;
+    }
+    let Some(smallest_prefill) = prefilling.iter().filter(|(_, p, _)| p.feasible()).map(|&(tp, ..)| tp).min() else {
+        return false;
+    };
+    prefilling
+        .iter()
+        .map(|&(tp, ..)| tp)
+        .filter(|&d| u64::from(smallest_prefill) + u64::from(d) <= u64::from(node_gpus))
+        .any(|d| decode_at(d).feasible())
 }
 
 /// The mean prompt of the largest subset of the tier's prompts within
@@ -291,16 +326,17 @@ pub fn decode_within_share(profile: &Profile, tier: &Tier, stats: &TierStats, tp
 /// few dozen cells to a thread pool cost more than it saved (`tiertp bench
 /// scheduler`, 2 cores: 128 GPUs x 4 tiers 0.14 ms sequential against
 /// 0.23-0.32 ms in parallel).
-pub fn estimate_all(profile: &Profile, tiers: &[Tier], stats: &[TierStats], tp_levels: &[u32]) -> Vec<TierEstimate> {
+pub fn estimate_all(profile: &Profile, tiers: &[Tier], stats: &[TierStats], tp_levels: &[u32], node_gpus: u32) -> Vec<TierEstimate> {
     assert_eq!(tiers.len(), stats.len(), "one TierStats per tier");
     (0..tiers.len())
-        .map(|t| estimate_tier(profile, t, &tiers[t], stats[t], tp_levels))
+        .map(|t| estimate_tier(profile, t, &tiers[t], stats[t], tp_levels, node_gpus))
         .collect()
 }
 
-/// One TP level's estimate (`estimate_tier` at that level alone).
+/// One TP level's estimate (`estimate_tier` at that level alone, on a node
+/// that holds a pair of it).
 pub fn estimate_tp(profile: &Profile, tier: &Tier, stats: &TierStats, tp: u32) -> TpEstimate {
-    estimate_tier(profile, 0, tier, *stats, &[tp]).per_tp[0]
+    estimate_tier(profile, 0, tier, *stats, &[tp], 2 * tp).per_tp[0]
 }
 
 /// A tier's prompts as a prefill-capable stage at one TP level sees them.
@@ -458,14 +494,14 @@ fn decode(profile: &Profile, tp: u32, tpot_ms: Option<f64>, stats: &TierStats, l
 fn colocated(
     profile: &Profile,
     tp: u32,
-    ttft_ms: Option<f64>,
-    tpot_ms: Option<f64>,
+    (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
     prompts: &Prompts,
     stats: &TierStats,
+    rule: TpotRule,
 ) -> StageEstimate {
     let subsets: Vec<Subset> = prompts.candidates().collect();
     let at = |i: usize| {
-        let e = colocated_for(profile, tp, ttft_ms, tpot_ms, stats, subsets[i].mean_tokens);
+        let e = colocated_for(profile, tp, (ttft_ms, tpot_ms), stats, subsets[i].mean_tokens, rule);
         StageEstimate {
             served_share: prompts.served_share(&subsets[i]),
             max_prompt_tokens: prompts.cap(),
@@ -497,7 +533,39 @@ fn colocated(
     best
 }
 
-fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Option<f64>, stats: &TierStats, l_in: f64) -> StageEstimate {
+/// How a colocated group's chunked iterations are held to the TPOT.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum TpotRule {
+    /// Every iteration, a chunk's included: no request's TPOT depends on
+    /// how many chunks fall into its decode.
+    EveryIteration,
+    /// A request's TPOT is the mean of its steps, so an iteration that
+    /// carries a chunk may run past it when the decode-only ones leave
+    /// room: the mean step of a request of the tier's mean output that
+    /// sees its share of chunk iterations, and at least one, must fit.
+    /// Only for a tier that no group serves under `EveryIteration`: no
+    /// colocated point at any TP level and no prefill + decode pair that
+    /// fits on one node. There a TPOT that one decode step nearly fills
+    /// left the tier nothing where SGLang served it (14B on 8 H100 at half
+    /// the paper's SLOs, chat at 100 ms / 5 ms: decode fits only at TP8,
+    /// a 4.3 ms step, with no GPU left for a prefill group; 0.41 -> 3.35
+    /// req/s at 5 req/s, chat 0 -> 3.10). Not beside a group that does:
+    /// nothing paces the chunks, so under overload they run back to back
+    /// and every running request's TPOT breaks (14B on 8 H100, 1,000-token
+    /// outputs at 30 req/s: 18.3 -> 16.1 req/s with it wherever a level
+    /// had no colocated point), and at light load it moved plans off
+    /// better ones (long prompts at 5 req/s: 4.56 -> 4.38).
+    RequestMean,
+}
+
+fn colocated_for(
+    profile: &Profile,
+    tp: u32,
+    (ttft_ms, tpot_ms): (Option<f64>, Option<f64>),
+    stats: &TierStats,
+    l_in: f64,
+    rule: TpotRule,
+) -> StageEstimate {
     let l_out = stats.mean_output_tokens.max(1.0);
     let b_max = decode_batch_limit(profile, tp, l_in, l_out);
     let table = profile.table(tp).expect("estimated TP levels come from the profile");
@@ -511,10 +579,19 @@ fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Opti
         let steady = (f64::from(b) * l_in / l_out).ceil().min(max_chunk).max(1.0);
         for chunk in chunk_sizes(steady, l_in.ceil().min(max_chunk)) {
             let chunk_ms = profile.prefill_ms(tp, chunk, 1.0);
-            if !within(tpot_ms, decode_ms + chunk_ms) {
-                break; // a larger chunk takes longer still
+            match rule {
+                TpotRule::EveryIteration if !within(tpot_ms, decode_ms + chunk_ms) => {
+                    break; // a larger chunk takes longer still
+                }
+                TpotRule::RequestMean => {
+                    let seen = (steady / chunk).min(1.0).max(1.0 / l_out);
+                    if !within(tpot_ms, decode_ms + seen * chunk_ms) {
+                        continue; // a larger chunk is rarer and may fit
+                    }
+                }
+                TpotRule::EveryIteration => {}
             }
-            let Some(e) = colocated_at(ttft_ms, (b, decode_ms), (chunk, chunk_ms, steady), (l_in, l_out)) else {
+            let Some(e) = colocated_at((ttft_ms, rule), (b, decode_ms), (chunk, chunk_ms, steady), (l_in, l_out)) else {
                 continue;
             };
             if e.throughput_rps > best.throughput_rps {
@@ -531,11 +608,10 @@ fn colocated_for(profile: &Profile, tp: u32, ttft_ms: Option<f64>, tpot_ms: Opti
 /// chunk's fixed cost is paid fewer times: 22-token chunks of a 700-token
 /// prompt take about 4x the whole prompt in one, small-llama at TP2 on a
 /// CPU), so the mean iteration, which sets throughput, is shorter, and a
-/// prompt needs fewer of them. The caller keeps every iteration, a chunk's
-/// included, within the TPOT, so no request's TPOT depends on how many
-/// chunks fall into its decode. None when the TTFT fails.
+/// prompt needs fewer of them. The caller holds the iterations to the TPOT
+/// (`TpotRule`). None when the TTFT fails.
 fn colocated_at(
-    ttft_ms: Option<f64>,
+    (ttft_ms, rule): (Option<f64>, TpotRule),
     (b, decode_ms): (u32, f64),
     (chunk, chunk_ms, steady): (f64, f64, f64),
     (l_in, l_out): (f64, f64),
@@ -543,8 +619,14 @@ fn colocated_at(
     let share = (steady / chunk).min(1.0);
     let mean_ms = decode_ms + share * chunk_ms;
     let with_chunk_ms = decode_ms + chunk_ms;
-    // The prompt's chunks run back to back after the iteration under way.
-    let ttft = (l_in / chunk).ceil() * with_chunk_ms + mean_ms;
+    // The prompt's chunks run back to back after the iteration under way:
+    // a mean one, or under `RequestMean`, whose chunks are too long for a
+    // TPOT, one with a chunk (as a prefill group's prompt waits one batch).
+    let under_way = match rule {
+        TpotRule::EveryIteration => mean_ms,
+        TpotRule::RequestMean => with_chunk_ms,
+    };
+    let ttft = (l_in / chunk).ceil() * with_chunk_ms + under_way;
     if !within(ttft_ms, ttft) {
         return None;
     }

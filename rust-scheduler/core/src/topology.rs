@@ -73,6 +73,12 @@ impl Cluster {
         &self.node_sizes
     }
 
+    /// GPUs of the largest node: the most one TP group, or one prefill +
+    /// decode pair, can span.
+    pub fn largest_node(&self) -> u32 {
+        self.node_sizes.iter().copied().max().unwrap_or(0)
+    }
+
     pub fn node_first_gpu(&self, node: usize) -> u32 {
         self.node_first_gpu[node]
     }

@@ -62,7 +62,15 @@ fn colocated_is_infeasible_when_chunks_cannot_meet_ttft() {
     // B = 1: chunk 10 tokens (clamped to 20 ms), iteration 30 ms, but the
     // prompt needs 100 iterations: TTFT 3.03 s. B = 2 still needs 50
     // (1.55 s), larger B breaks TPOT.
+    let every = colocated_for(&profile(), 1, (Some(300.0), Some(31.8)), &stats(), 1000.0, TpotRule::EveryIteration);
+    assert!(!every.feasible(), "{every:?}");
+    // No TP1 prefill + decode pair serves the tier either (a prompt takes
+    // 200 ms, twice 400), so colocation is tried on each request's mean
+    // step: larger chunks, but a prompt that waits behind one and then
+    // runs its own misses the TTFT as a prefill group's does (the whole
+    // prompt: 2 x 210 ms).
     let e1 = estimate_tp(&profile(), &chat(), &stats(), 1);
+    assert!(!e1.prefill.feasible());
     assert!(!e1.colocated.feasible(), "{:?}", e1.colocated);
 }
 
@@ -97,10 +105,21 @@ fn colocated_prefills_in_fewer_larger_chunks_when_the_tpot_allows() {
     let stats = TierStats::new(0.5, 1000.0, 20.0);
     let chunks = |b: u32| {
         let chunk = 50.0 * f64::from(b);
-        colocated_at(Some(800.0), (b, 10.0), (chunk, p.prefill_ms(1, chunk, 1.0), chunk), (1000.0, 20.0))
+        colocated_at(
+            (Some(800.0), TpotRule::EveryIteration),
+            (b, 10.0),
+            (chunk, p.prefill_ms(1, chunk, 1.0), chunk),
+            (1000.0, 20.0),
+        )
     };
     assert!(chunks(1).is_none(), "20 steady chunks of 65 ms: 1.3 s");
-    let whole = colocated_at(Some(800.0), (1, 10.0), (1000.0, p.prefill_ms(1, 1000.0, 1.0), 50.0), (1000.0, 20.0)).unwrap();
+    let whole = colocated_at(
+        (Some(800.0), TpotRule::EveryIteration),
+        (1, 10.0),
+        (1000.0, p.prefill_ms(1, 1000.0, 1.0), 50.0),
+        (1000.0, 20.0),
+    )
+    .unwrap();
     assert!(close(whole.batch_ms, 160.0), "{whole:?}");
     assert!(close(whole.throughput_rps, (1.0 / 20.0) / 0.0175), "{whole:?}");
     // The estimate finds such a point (its best B is larger).
@@ -111,6 +130,33 @@ fn colocated_prefills_in_fewer_larger_chunks_when_the_tpot_allows() {
         e.colocated
     );
     assert!(e.colocated.batch_tokens > 50, "{:?}", e.colocated);
+}
+
+#[test]
+fn a_tpot_one_step_nearly_fills_is_met_on_each_requests_mean() {
+    // One GPU per node (no prefill + decode pair fits). TPOT 12 ms against
+    // a 10 ms step at B = 1 and chunks of at least 20 ms (the 100-token
+    // row): no iteration with a chunk fits, so no colocated point holds
+    // every iteration to the TPOT either. A request's TPOT is its
+    // mean step: at B = 2 (11 ms) the whole 100-token prompt in one chunk
+    // rides on 2 iterations in 100, mean step 11 + 0.02 x 20 = 11.4 ms;
+    // B = 3 (12 ms) leaves no room. X = (2 / 100) / 0.0114 s.
+    let tier = Tier::slo_tier("tight", 300.0, 12.0, 1.0);
+    let one_gpu = |stats: TierStats| estimate_tier(&profile(), 0, &tier, stats, &[1], 1).per_tp[0];
+    let e = one_gpu(TierStats::new(1.0, 100.0, 100.0));
+    assert_eq!(e.colocated.batch_tokens, 100, "{:?}", e.colocated);
+    assert_eq!(e.colocated.batch_requests, 3, "{:?}", e.colocated);
+    assert!(close(e.colocated.batch_ms, 31.0), "{:?}", e.colocated);
+    assert!(close(e.colocated.throughput_rps, 0.02 / 0.0114), "{:?}", e.colocated);
+    // Two output tokens: the one chunk a request sees is half its steps
+    // (10 + 0.5 x 20 = 20 ms), so still none.
+    let short = one_gpu(TierStats::new(1.0, 100.0, 2.0));
+    assert!(!short.colocated.feasible(), "{:?}", short.colocated);
+    // On two GPUs a TP1 prefill + decode pair meets both SLOs on every
+    // step (a 20 ms prefill, a 10 ms step), so colocation keeps that rule.
+    let two = estimate_tier(&profile(), 0, &tier, TierStats::new(1.0, 100.0, 100.0), &[1], 2).per_tp[0];
+    assert!(two.prefill.feasible() && two.decode.feasible(), "{two:?}");
+    assert!(!two.colocated.feasible(), "{:?}", two.colocated);
 }
 
 #[test]
@@ -136,7 +182,7 @@ fn kv_capacity_bounds_the_decode_batch() {
 fn disaggregated_candidate_balances_stages() {
     let p = profile();
     let tiers = [chat()];
-    let est = estimate_all(&p, &tiers, &[stats()], &[1, 2]);
+    let est = estimate_all(&p, &tiers, &[stats()], &[1, 2], 4);
     let cands = est[0].candidates();
     // TP2 prefill (8.33 rps) + TP2 decode (16.33 rps): 2 prefill groups and
     // 1 decode group serve min(16.67, 16.33) = 16.33 rps on 6 GPUs.
@@ -173,7 +219,7 @@ fn disaggregated_candidate_balances_stages() {
 #[test]
 fn goodput_efficiency_is_capped_by_demand() {
     let p = profile();
-    let est = estimate_all(&p, &[chat()], &[TierStats::new(2.0, 1000.0, 100.0)], &[1, 2]);
+    let est = estimate_all(&p, &[chat()], &[TierStats::new(2.0, 1000.0, 100.0)], &[1, 2], 4);
     for c in est[0].candidates() {
         assert!(c.goodput_efficiency <= 2.0 / f64::from(c.gpus) + 1e-12);
     }

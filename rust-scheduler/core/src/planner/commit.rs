@@ -206,7 +206,7 @@ mod tests {
     fn commit_with_gain(objective_gain_rps: f64) -> bool {
         let tiers = [Tier::slo_tier("chat", 200.0, 10.0, 1.0)];
         let profile = synthetic::llama8b_like();
-        let estimates = [estimate_tier(&profile, 0, &tiers[0], TierStats::new(80.0, 1000.0, 200.0), &[4])];
+        let estimates = [estimate_tier(&profile, 0, &tiers[0], TierStats::new(80.0, 1000.0, 200.0), &[4], 8)];
         let (prefill, decode) = ((Role::Prefill, 40.0, 8), (Role::Decode, 30.0, 100));
         let current = plan(&[prefill, decode, decode], 40.0);
         let proposal = plan(&[prefill, prefill, decode], 30.0);
@@ -220,7 +220,7 @@ mod tests {
     fn stopping_groups_costs_what_their_demand_used_of_them() {
         let tiers = [Tier::slo_tier("chat", 200.0, 10.0, 1.0)];
         let profile = synthetic::llama8b_like();
-        let at = |rate: f64| [estimate_tier(&profile, 0, &tiers[0], TierStats::new(rate, 1000.0, 200.0), &[4])];
+        let at = |rate: f64| [estimate_tier(&profile, 0, &tiers[0], TierStats::new(rate, 1000.0, 200.0), &[4], 8)];
         let current = plan(&[(Role::Prefill, 40.0, 8), (Role::Decode, 40.0, 100)], 40.0);
         let proposal = plan(&[(Role::Decode, 40.0, 100), (Role::Prefill, 40.0, 8)], 40.0);
         let loss = |rate: f64| {

@@ -130,7 +130,7 @@ impl Planner {
         if !config.allow_colocated && !config.allow_disaggregated {
             return Err(PlanError::Config("both colocated and disaggregated groups are disabled".into()));
         }
-        let largest_node = cluster.node_sizes().iter().copied().max().unwrap_or(0).min(MAX_GPUS_PER_NODE);
+        let largest_node = cluster.largest_node().min(MAX_GPUS_PER_NODE);
         let profile_levels = profile.tp_levels();
         let tp_levels: Vec<u32> = profile_levels
             .iter()
@@ -211,7 +211,13 @@ impl Planner {
 
     pub fn estimate(&self, stats: &[TierStats]) -> Result<Vec<TierEstimate>, PlanError> {
         check_stats(self.tiers.tiers(), stats)?;
-        Ok(estimate_all(&self.profile, self.tiers.tiers(), stats, &self.tp_levels))
+        Ok(estimate_all(
+            &self.profile,
+            self.tiers.tiers(),
+            stats,
+            &self.tp_levels,
+            self.cluster.largest_node(),
+        ))
     }
 
     /// The plan the greedy would choose from scratch, without hysteresis.
@@ -287,7 +293,13 @@ impl Planner {
 
     /// What planning under `sharing` sees, worked out once per step.
     fn basis<'a>(&self, estimates: &'a [TierEstimate], sharing: Sharing) -> Basis<'a> {
-        let planning = sharing::planning_estimates(&self.profile, self.tiers.tiers(), estimates, &sharing, &self.tp_levels);
+        let planning = sharing::planning_estimates(
+            &self.profile,
+            self.tiers.tiers(),
+            estimates,
+            &sharing,
+            (&self.tp_levels, self.cluster.largest_node()),
+        );
         Basis { sharing, planning }
     }
 
@@ -399,7 +411,13 @@ impl Planner {
         }
         // Checked as `stats` were; a rate over the horizon lies between the
         // sustained and the observed one.
-        let estimates = estimate_all(&self.profile, self.tiers.tiers(), &expected, &self.tp_levels);
+        let estimates = estimate_all(
+            &self.profile,
+            self.tiers.tiers(),
+            &expected,
+            &self.tp_levels,
+            self.cluster.largest_node(),
+        );
         let value = |plan: &Plan| objective(self.tiers.tiers(), &estimates, &self.refresh(plan, &estimates));
         Some(value(proposal) - value(current))
     }

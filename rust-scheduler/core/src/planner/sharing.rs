@@ -188,13 +188,13 @@ pub fn planning_estimates<'a>(
     tiers: &[Tier],
     estimates: &'a [TierEstimate],
     sharing: &Sharing,
-    tp_levels: &[u32],
+    (tp_levels, node_gpus): (&[u32], u32),
 ) -> Cow<'a, [TierEstimate]> {
     let Sharing::Pooled { host, members, load } = sharing else {
         return Cow::Borrowed(estimates);
     };
     let mut out = estimates.to_vec();
-    out[*host] = estimate_tier(profile, *host, &tiers[*host], **load, tp_levels);
+    out[*host] = estimate_tier(profile, *host, &tiers[*host], **load, tp_levels, node_gpus);
     for &m in members.iter().filter(|&&m| m != *host) {
         out[m].stats.arrival_rate = 0.0;
     }

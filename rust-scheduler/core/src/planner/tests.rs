@@ -62,6 +62,36 @@ fn linear_planner(ttft_ms: f64) -> Planner {
     Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap()
 }
 
+#[test]
+fn a_tier_no_group_serves_step_by_step_gets_a_colocated_group_on_its_mean_step() {
+    // The linear profile on one node of 2 GPUs; TPOT 8 ms. A decode step
+    // fits only at TP2 (6 ms; TP1's is 10), which leaves no GPU for a
+    // prefill group, and every chunk (12 ms at least at TP2) breaks the
+    // TPOT in its iteration. A request's TPOT is its mean step: one
+    // 500-token chunk (60 ms) every 100 steps adds 0.6 ms, so a TP2
+    // colocated group serves the tier rather than nothing.
+    let axes = LINEAR_AXES;
+    let profile = tabulate(
+        &[1, 2],
+        &axes,
+        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
+        |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
+        None,
+    );
+    let tiers = TierSet::new(vec![Tier::slo_tier("chat", 300.0, 8.0, 1.0)], "t").unwrap();
+    let mut p = Planner::new(Arc::new(profile), tiers, Cluster::uniform(2, 2).unwrap(), PlannerConfig::default()).unwrap();
+    let out = p.step(&[TierStats::new(1.0, 500.0, 100.0)]).unwrap();
+    assert!(out.plan.tier_capacity_rps[0] > 0.0, "{:?}", out.plan);
+    assert!(
+        out.plan
+            .groups
+            .iter()
+            .any(|g| g.role == Role::Colocated && g.tp == 2 && g.capacity_rps > 0.0),
+        "{:?}",
+        out.plan
+    );
+}
+
 /// Three quarters of the prompts `short` tokens long, a quarter `long`.
 fn long_tailed(rate: f64, short: u32, long: u32) -> TierStats {
     let samples = (0..160).map(|i| if i % 4 == 3 { long } else { short });
@@ -431,7 +461,8 @@ fn a_pool_runs_at_the_caps_of_the_estimate_that_values_it() {
     assert!(out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0), "{:?}", out.plan);
     let estimates = p.estimate(&stats).unwrap();
     let pool = sharing::pool_for(p.tiers().tiers(), &estimates).unwrap();
-    let merged = sharing::planning_estimates(p.profile(), p.tiers().tiers(), &estimates, &pool, p.tp_levels());
+    let levels = (p.tp_levels(), p.cluster().largest_node());
+    let merged = sharing::planning_estimates(p.profile(), p.tiers().tiers(), &estimates, &pool, levels);
     let sized_by = |e: &TierEstimate| group_plan(p.profile(), &p.tiers().tiers()[0], e.at(g.tp).unwrap(), 0, g.role, g.first_gpu);
     let (expected, own) = (sized_by(&merged[0]), sized_by(&estimates[0]));
     assert_ne!(
