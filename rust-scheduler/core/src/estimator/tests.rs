@@ -64,14 +64,31 @@ fn colocated_is_infeasible_when_chunks_cannot_meet_ttft() {
     // (1.55 s), larger B breaks TPOT.
     let every = colocated_for(&profile(), 1, (Some(300.0), Some(31.8)), &stats(), 1000.0, TpotRule::EveryIteration);
     assert!(!every.feasible(), "{every:?}");
-    // No TP1 prefill + decode pair serves the tier either (a prompt takes
-    // 200 ms, twice 400), so colocation is tried on each request's mean
-    // step: larger chunks, but a prompt that waits behind one and then
-    // runs its own misses the TTFT as a prefill group's does (the whole
-    // prompt: 2 x 210 ms).
-    let e1 = estimate_tp(&profile(), &chat(), &stats(), 1);
+    // On a one-GPU node no pair fits (nor would a TP1 prefill group meet
+    // the TTFT: a prompt takes 200 ms, twice 400), so colocation is tried
+    // on each request's mean step: larger chunks, but a prompt that waits
+    // behind one and then runs its own misses the TTFT as a prefill
+    // group's does (the whole prompt: 2 x 210 ms).
+    let e1 = estimate_tier(&profile(), 0, &chat(), stats(), &[1], 1).per_tp[0];
     assert!(!e1.prefill.feasible());
     assert!(!e1.colocated.feasible(), "{:?}", e1.colocated);
+}
+
+#[test]
+fn a_tier_another_level_serves_on_every_step_is_not_estimated_on_the_mean() {
+    // TPOT 12 ms and 100-token prompts (as below). TP2 planned alone on a
+    // node of 3 GPUs (a static-TP plan, a split partition): its pair does
+    // not fit, and its chunks (12 ms beside a 6 ms step) break the TPOT in
+    // their iteration, though not on a request's mean step. A TP1 pair
+    // (20 ms prefill, 10 ms step) fits and serves the tier on every step,
+    // so TP2 keeps the every-step rule: no colocated point.
+    let tier = Tier::slo_tier("tight", 300.0, 12.0, 1.0);
+    let stats = TierStats::new(1.0, 100.0, 100.0);
+    let slos = (Some(300.0), Some(12.0));
+    let on_mean = colocated_for(&profile(), 2, slos, &stats, 100.0, TpotRule::RequestMean);
+    assert!(on_mean.feasible(), "{on_mean:?}");
+    let tp2 = estimate_tier(&profile(), 0, &tier, stats, &[2], 3).per_tp[0];
+    assert!(!tp2.colocated.feasible(), "{:?}", tp2.colocated);
 }
 
 #[test]
