@@ -50,16 +50,24 @@ fn picks_tp2_when_only_tp2_meets_the_slo() {
 /// 0.2 ms per token, TP2 0.12 ms; a decode step is 10 ms + 1 ms per extra
 /// request at TP1, 6 ms + 0.5 ms at TP2.
 fn linear_planner(ttft_ms: f64) -> Planner {
-    let axes = LINEAR_AXES;
-    let profile = tabulate(
+    let tiers = TierSet::new(vec![Tier::slo_tier("chat", ttft_ms, 30.0, 1.0)], "t").unwrap();
+    Planner::new(
+        Arc::new(linear_profile()),
+        tiers,
+        Cluster::uniform(8, 8).unwrap(),
+        PlannerConfig::default(),
+    )
+    .unwrap()
+}
+
+fn linear_profile() -> Profile {
+    tabulate(
         &[1, 2],
-        &axes,
+        &LINEAR_AXES,
         |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
         |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
         None,
-    );
-    let tiers = TierSet::new(vec![Tier::slo_tier("chat", ttft_ms, 30.0, 1.0)], "t").unwrap();
-    Planner::new(Arc::new(profile), tiers, Cluster::uniform(8, 8).unwrap(), PlannerConfig::default()).unwrap()
+    )
 }
 
 #[test]
@@ -70,14 +78,7 @@ fn a_tier_no_group_serves_step_by_step_gets_a_colocated_group_on_its_mean_step()
     // TPOT in its iteration. A request's TPOT is its mean step: one
     // 500-token chunk (60 ms) every 100 steps adds 0.6 ms, so a TP2
     // colocated group serves the tier rather than nothing.
-    let axes = LINEAR_AXES;
-    let profile = tabulate(
-        &[1, 2],
-        &axes,
-        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.12 },
-        |tp, b, _| if tp == 1 { 10.0 + (b - 1.0) } else { 6.0 + 0.5 * (b - 1.0) },
-        None,
-    );
+    let profile = linear_profile();
     let tiers = TierSet::new(vec![Tier::slo_tier("chat", 300.0, 8.0, 1.0)], "t").unwrap();
     let mut p = Planner::new(Arc::new(profile), tiers, Cluster::uniform(2, 2).unwrap(), PlannerConfig::default()).unwrap();
     let out = p.step(&[TierStats::new(1.0, 500.0, 100.0)]).unwrap();
