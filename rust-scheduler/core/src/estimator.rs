@@ -66,6 +66,9 @@ use crate::quantiles::POINTS;
 use crate::stats::TierStats;
 use crate::tiers::{Tier, TierId};
 
+mod tpot_rule;
+use tpot_rule::{Stages, TpotRule};
+
 /// Share of a request's TPOT budget (TPOT × its output tokens) it may wait
 /// for a decode slot after prefill: the wait comes after the first token,
 /// so all of it is TPOT. The dispatcher waits this long at most; decode
@@ -244,37 +247,23 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
             )
         })
         .collect();
-    // Judged over every level a group on the node could use, not only
-    // those planned here: a static-TP plan or a split partition plans one
-    // level, and a tier another level serves step by step is not one that
-    // nothing serves (estimated on the mean at TP2, split's 3-GPU chat
-    // partition of 8B on 4 A100 served 6.40 -> 4.54 req/s at 20 req/s,
-    // where a TP1 pair serves it).
-    let unservable = || {
-        let decode_prompt = decode_prompt(&prefilling);
-        let stages_at = |tp: u32| {
-            let (prefill, colocated) = match prefilling.iter().find(|(t, ..)| *t == tp) {
-                Some(&(_, p, c)) => (p, c),
-                None => {
-                    let prompts = prompts_at(tp);
-                    let colocated = colocated(profile, tp, slos, &prompts, &stats, TpotRule::EveryIteration);
-                    (prefill(profile, tp, tier.ttft_ms, &prompts), colocated)
-                }
-            };
-            Stages {
-                prefill: prefill.feasible(),
-                colocated: colocated.feasible(),
-                decode: move || decode(profile, tp, tier.tpot_ms, &stats, decode_prompt).feasible(),
+    let stages_at = |tp: u32| {
+        let (prefill, colocated) = match prefilling.iter().find(|(t, ..)| *t == tp) {
+            Some(&(_, p, c)) => (p, c),
+            None => {
+                let prompts = prompts_at(tp);
+                let colocated = colocated(profile, tp, slos, &prompts, &stats, TpotRule::EveryIteration);
+                (prefill(profile, tp, tier.ttft_ms, &prompts), colocated)
             }
         };
-        let levels: Vec<u32> = profile
-            .tp_levels()
-            .into_iter()
-            .filter(|tp| tp.is_power_of_two() && *tp <= node_gpus)
-            .collect();
-        !servable(&levels, stages_at, node_gpus)
+        let decode_prompt = decode_prompt(&prefilling);
+        Stages {
+            prefill: prefill.feasible(),
+            colocated: colocated.feasible(),
+            decode: move || decode(profile, tp, tier.tpot_ms, &stats, decode_prompt).feasible(),
+        }
     };
-    if tier.tpot_ms.is_some() && unservable() {
+    if tpot_rule::colocated_rule(profile, tier, node_gpus, stages_at) == TpotRule::RequestMean {
         for (tp, _, c) in &mut prefilling {
             *c = colocated(profile, *tp, slos, &prompts_at(*tp), &stats, TpotRule::RequestMean);
         }
@@ -306,31 +295,6 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
         stats,
         per_tp,
     }
-}
-
-/// What a tier's stages at one TP level can do on every iteration.
-struct Stages<D: Fn() -> bool> {
-    prefill: bool,
-    colocated: bool,
-    /// Worked out only where a pair is looked for.
-    decode: D,
-}
-
-/// Whether some group at one of `levels` meets the tier's SLOs on every
-/// iteration: a colocated one, or a prefill + decode pair that fits on one
-/// node of `node_gpus`.
-fn servable<D: Fn() -> bool>(levels: &[u32], stages_at: impl Fn(u32) -> Stages<D>, node_gpus: u32) -> bool {
-    let stages: Vec<(u32, Stages<D>)> = levels.iter().map(|&tp| (tp, stages_at(tp))).collect();
-    if stages.iter().any(|(_, s)| s.colocated) {
-        return true;
-    }
-    let Some(smallest_prefill) = stages.iter().filter(|(_, s)| s.prefill).map(|&(tp, _)| tp).min() else {
-        return false;
-    };
-    stages
-        .iter()
-        .filter(|&&(d, _)| u64::from(smallest_prefill) + u64::from(d) <= u64::from(node_gpus))
-        .any(|(_, s)| (s.decode)())
 }
 
 /// The mean prompt of the largest subset of the tier's prompts within
@@ -565,31 +529,6 @@ fn colocated(
         }
     }
     best
-}
-
-/// How a colocated group's chunked iterations are held to the TPOT.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum TpotRule {
-    /// Every iteration, a chunk's included: no request's TPOT depends on
-    /// how many chunks fall into its decode.
-    EveryIteration,
-    /// A request's TPOT is the mean of its steps, so an iteration that
-    /// carries a chunk may run past it when the decode-only ones leave
-    /// room: the mean step of a request of the tier's mean output that
-    /// sees its share of chunk iterations, and at least one, must fit.
-    /// Only for a tier that no group serves under `EveryIteration`: no
-    /// colocated point at any TP level and no prefill + decode pair that
-    /// fits on one node. There a TPOT that one decode step nearly fills
-    /// left the tier nothing where SGLang served it (14B on 8 H100 at half
-    /// the paper's SLOs, chat at 100 ms / 5 ms: decode fits only at TP8,
-    /// a 4.3 ms step, with no GPU left for a prefill group; 0.41 -> 3.35
-    /// req/s at 5 req/s, chat 0 -> 3.10). Not beside a group that does:
-    /// nothing paces the chunks, so under overload they run back to back
-    /// and every running request's TPOT breaks (14B on 8 H100, 1,000-token
-    /// outputs at 30 req/s: 18.3 -> 16.1 req/s with it wherever a level
-    /// had no colocated point), and at light load it moved plans off
-    /// better ones (long prompts at 5 req/s: 4.56 -> 4.38).
-    RequestMean,
 }
 
 fn colocated_for(
