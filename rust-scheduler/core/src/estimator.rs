@@ -247,6 +247,7 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
             )
         })
         .collect();
+    let held_prompt = decode_prompt(&prefilling);
     let stages_at = |tp: u32| {
         let (prefill, colocated) = match prefilling.iter().find(|(t, ..)| *t == tp) {
             Some(&(_, p, c)) => (p, c),
@@ -256,11 +257,10 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
                 (prefill(profile, tp, tier.ttft_ms, &prompts), colocated)
             }
         };
-        let decode_prompt = decode_prompt(&prefilling);
         Stages {
             prefill: prefill.feasible(),
             colocated: colocated.feasible(),
-            decode: move || decode(profile, tp, tier.tpot_ms, &stats, decode_prompt).feasible(),
+            decode: move || decode(profile, tp, tier.tpot_ms, &stats, held_prompt).feasible(),
         }
     };
     if tpot_rule::colocated_rule(profile, tier, node_gpus, stages_at) == TpotRule::RequestMean {

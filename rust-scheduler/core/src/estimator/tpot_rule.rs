@@ -42,9 +42,15 @@ pub(super) struct Stages<D: Fn() -> bool> {
 /// iteration: a colocated one, or a prefill + decode pair that fits on one
 /// node of `node_gpus`.
 fn servable<D: Fn() -> bool>(levels: &[u32], stages_at: impl Fn(u32) -> Stages<D>, node_gpus: u32) -> bool {
-    let stages: Vec<(u32, Stages<D>)> = levels.iter().map(|&tp| (tp, stages_at(tp))).collect();
-    if stages.iter().any(|(_, s)| s.colocated) {
-        return true;
+    // Levels not planned are estimated here: stop at the first colocated
+    // point.
+    let mut stages: Vec<(u32, Stages<D>)> = Vec::with_capacity(levels.len());
+    for &tp in levels {
+        let s = stages_at(tp);
+        if s.colocated {
+            return true;
+        }
+        stages.push((tp, s));
     }
     let Some(smallest_prefill) = stages.iter().filter(|(_, s)| s.prefill).map(|&(tp, _)| tp).min() else {
         return false;
