@@ -65,6 +65,7 @@ use crate::prompt_lengths::{self, PromptLengths, Subset};
 use crate::quantiles::POINTS;
 use crate::stats::TierStats;
 use crate::tiers::{Tier, TierId};
+use crate::topology::Cluster;
 
 mod tpot_rule;
 use tpot_rule::{Stages, TpotRule};
@@ -213,9 +214,9 @@ impl TierEstimate {
 }
 
 /// Estimates one tier at every TP level in `tp_levels` (together: decode
-/// is sized for the prompts the prefill-capable stages serve); a prefill +
-/// decode pair must fit in `node_gpus` (the largest node's GPUs).
-pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32], node_gpus: u32) -> TierEstimate {
+/// is sized for the prompts the prefill-capable stages serve); its groups
+/// may take at most `room_gpus` of one node (see `room_gpus`).
+pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: TierStats, tp_levels: &[u32], room_gpus: u32) -> TierEstimate {
     let l_in = stats.mean_prompt_tokens.max(1.0);
     let prompts_at = |tp: u32| Prompts {
         mean: l_in,
@@ -263,7 +264,7 @@ pub fn estimate_tier(profile: &Profile, tier_id: TierId, tier: &Tier, stats: Tie
             decode: move || decode(profile, tp, tier.tpot_ms, &stats, held_prompt).feasible(),
         }
     };
-    if tpot_rule::colocated_rule(profile, tier, node_gpus, stages_at) == TpotRule::RequestMean {
+    if tpot_rule::colocated_rule(profile, tier, room_gpus, stages_at) == TpotRule::RequestMean {
         for (tp, _, c) in &mut prefilling {
             *c = colocated(profile, *tp, slos, &prompts_at(*tp), &stats, TpotRule::RequestMean);
         }
@@ -324,11 +325,27 @@ pub fn decode_within_share(profile: &Profile, tier: &Tier, stats: &TierStats, tp
 /// few dozen cells to a thread pool cost more than it saved (`tiertp bench
 /// scheduler`, 2 cores: 128 GPUs x 4 tiers 0.14 ms sequential against
 /// 0.23-0.32 ms in parallel).
-pub fn estimate_all(profile: &Profile, tiers: &[Tier], stats: &[TierStats], tp_levels: &[u32], node_gpus: u32) -> Vec<TierEstimate> {
+pub fn estimate_all(profile: &Profile, tiers: &[Tier], stats: &[TierStats], tp_levels: &[u32], cluster: &Cluster) -> Vec<TierEstimate> {
     assert_eq!(tiers.len(), stats.len(), "one TierStats per tier");
     (0..tiers.len())
-        .map(|t| estimate_tier(profile, t, &tiers[t], stats[t], tp_levels, node_gpus))
+        .map(|t| estimate_tier(profile, t, &tiers[t], stats[t], tp_levels, room_gpus(profile, cluster, stats, t)))
         .collect()
+}
+
+/// The most GPUs `tier`'s groups may take on one node: the largest node,
+/// less a smallest group (the profile's smallest level) for each other
+/// tier with demand, since each of those gets one first. A tier that only a
+/// larger group serves step by step is one it cannot have without leaving
+/// another tier nothing, so its colocated groups are held to the mean rule
+/// (`TpotRule`): five tiers on 8 A100, a voice tier at 150 ms / 8 ms whose
+/// only step-by-step group was a TP2 prefill + TP4 decode pair was served
+/// nothing at any load, where SGLang at TP4 served it.
+pub fn room_gpus(profile: &Profile, cluster: &Cluster, stats: &[TierStats], tier: usize) -> u32 {
+    let smallest = profile.tp_levels().into_iter().filter(|tp| tp.is_power_of_two()).min().unwrap_or(1);
+    let others = stats.iter().enumerate().filter(|&(t, s)| t != tier && s.arrival_rate > 0.0).count() as u32;
+    cluster
+        .largest_node()
+        .min(cluster.num_gpus().saturating_sub(others.saturating_mul(smallest)))
 }
 
 /// One TP level's estimate (`estimate_tier` at that level alone, on a node

@@ -177,6 +177,30 @@ fn a_tpot_one_step_nearly_fills_is_met_on_each_requests_mean() {
 }
 
 #[test]
+fn a_pair_that_would_leave_another_tier_no_gpu_is_not_the_tiers_to_have() {
+    // The tier above on one node of 2 GPUs: alone, a TP1 pair serves it
+    // step by step, so colocation keeps that rule. Beside another tier
+    // with demand, that tier gets a GPU first: one is left, no pair fits
+    // it, and colocation is held to each request's mean step instead.
+    let tier = Tier::slo_tier("tight", 300.0, 12.0, 1.0);
+    let other = Tier::slo_tier("other", 1_000.0, 100.0, 1.0);
+    let node = Cluster::new(vec![2]).unwrap();
+    let load = TierStats::new(1.0, 100.0, 100.0);
+    let idle = TierStats::new(0.0, 100.0, 100.0);
+    let colocated = |other_load: TierStats| {
+        let stats = [load, other_load];
+        assert_eq!(
+            room_gpus(&profile(), &node, &stats, 0),
+            if other_load.arrival_rate > 0.0 { 1 } else { 2 }
+        );
+        estimate_all(&profile(), &[tier.clone(), other.clone()], &stats, &[1], &node)[0].per_tp[0].colocated
+    };
+    assert!(!colocated(idle).feasible());
+    let shared = colocated(load);
+    assert!(close(shared.throughput_rps, 0.02 / 0.0114), "{shared:?}");
+}
+
+#[test]
 fn background_tier_runs_the_largest_batches() {
     let e = estimate_tp(&profile(), &Tier::background_tier("bg", 1.0), &stats(), 1);
     // Prefill: at most floor(1000 / 1000) = 1 prompt per batch: 1 / 0.2 s.
@@ -199,7 +223,7 @@ fn kv_capacity_bounds_the_decode_batch() {
 fn disaggregated_candidate_balances_stages() {
     let p = profile();
     let tiers = [chat()];
-    let est = estimate_all(&p, &tiers, &[stats()], &[1, 2], 4);
+    let est = estimate_all(&p, &tiers, &[stats()], &[1, 2], &Cluster::new(vec![4]).unwrap());
     let cands = est[0].candidates();
     // TP2 prefill (8.33 rps) + TP2 decode (16.33 rps): 2 prefill groups and
     // 1 decode group serve min(16.67, 16.33) = 16.33 rps on 6 GPUs.
@@ -236,7 +260,13 @@ fn disaggregated_candidate_balances_stages() {
 #[test]
 fn goodput_efficiency_is_capped_by_demand() {
     let p = profile();
-    let est = estimate_all(&p, &[chat()], &[TierStats::new(2.0, 1000.0, 100.0)], &[1, 2], 4);
+    let est = estimate_all(
+        &p,
+        &[chat()],
+        &[TierStats::new(2.0, 1000.0, 100.0)],
+        &[1, 2],
+        &Cluster::new(vec![4]).unwrap(),
+    );
     for c in est[0].candidates() {
         assert!(c.goodput_efficiency <= 2.0 / f64::from(c.gpus) + 1e-12);
     }

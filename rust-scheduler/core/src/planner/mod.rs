@@ -216,7 +216,7 @@ impl Planner {
             self.tiers.tiers(),
             stats,
             &self.tp_levels,
-            self.cluster.largest_node(),
+            &self.cluster,
         ))
     }
 
@@ -298,7 +298,7 @@ impl Planner {
             self.tiers.tiers(),
             estimates,
             &sharing,
-            (&self.tp_levels, self.cluster.largest_node()),
+            (&self.tp_levels, &self.cluster),
         );
         Basis { sharing, planning }
     }
@@ -411,13 +411,7 @@ impl Planner {
         }
         // Checked as `stats` were; a rate over the horizon lies between the
         // sustained and the observed one.
-        let estimates = estimate_all(
-            &self.profile,
-            self.tiers.tiers(),
-            &expected,
-            &self.tp_levels,
-            self.cluster.largest_node(),
-        );
+        let estimates = estimate_all(&self.profile, self.tiers.tiers(), &expected, &self.tp_levels, &self.cluster);
         let value = |plan: &Plan| objective(self.tiers.tiers(), &estimates, &self.refresh(plan, &estimates));
         Some(value(proposal) - value(current))
     }

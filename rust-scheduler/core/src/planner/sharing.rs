@@ -21,12 +21,13 @@
 
 use std::borrow::Cow;
 
-use crate::estimator::{estimate_tier, TierEstimate};
+use crate::estimator::{estimate_tier, room_gpus, TierEstimate};
 use crate::profile::Profile;
 use crate::prompt_lengths::PromptLengths;
 use crate::rate_shape::RateShape;
 use crate::stats::TierStats;
 use crate::tiers::Tier;
+use crate::topology::Cluster;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Sharing {
@@ -188,16 +189,19 @@ pub fn planning_estimates<'a>(
     tiers: &[Tier],
     estimates: &'a [TierEstimate],
     sharing: &Sharing,
-    (tp_levels, node_gpus): (&[u32], u32),
+    (tp_levels, cluster): (&[u32], &Cluster),
 ) -> Cow<'a, [TierEstimate]> {
     let Sharing::Pooled { host, members, load } = sharing else {
         return Cow::Borrowed(estimates);
     };
     let mut out = estimates.to_vec();
-    out[*host] = estimate_tier(profile, *host, &tiers[*host], **load, tp_levels, node_gpus);
     for &m in members.iter().filter(|&&m| m != *host) {
         out[m].stats.arrival_rate = 0.0;
     }
+    out[*host].stats = **load;
+    let stats: Vec<TierStats> = out.iter().map(|e| e.stats).collect();
+    let room = room_gpus(profile, cluster, &stats, *host);
+    out[*host] = estimate_tier(profile, *host, &tiers[*host], **load, tp_levels, room);
     Cow::Owned(out)
 }
 

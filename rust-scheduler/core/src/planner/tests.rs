@@ -462,7 +462,7 @@ fn a_pool_runs_at_the_caps_of_the_estimate_that_values_it() {
     assert!(out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0), "{:?}", out.plan);
     let estimates = p.estimate(&stats).unwrap();
     let pool = sharing::pool_for(p.tiers().tiers(), &estimates).unwrap();
-    let levels = (p.tp_levels(), p.cluster().largest_node());
+    let levels = (p.tp_levels(), p.cluster());
     let merged = sharing::planning_estimates(p.profile(), p.tiers().tiers(), &estimates, &pool, levels);
     let sized_by = |e: &TierEstimate| group_plan(p.profile(), &p.tiers().tiers()[0], e.at(g.tp).unwrap(), 0, g.role, g.first_gpu);
     let (expected, own) = (sized_by(&merged[0]), sized_by(&estimates[0]));
