@@ -466,7 +466,7 @@ impl Planner {
         out.sort_by_key(|g| g.first_gpu);
         let mut tier_served_share = diff::tier_served_shares(tiers.len(), &out);
         self.size_decode_for_served_prompts(&mut out, estimates, &sharing, &tier_served_share);
-        let mut tier_capacity_rps = diff::tier_capacities(tiers.len(), &out);
+        let mut tier_capacity_rps = diff::tier_capacities(tiers.len(), &out, &self.cluster);
         sharing::credit_members(&mut tier_capacity_rps, &mut tier_served_share, estimates, &sharing);
         Plan {
             num_gpus: self.cluster.num_gpus(),
