@@ -19,11 +19,11 @@
 //! prefill+decode pair. The greedy sums each stage over the cluster; the
 //! plan it builds is valued node by node (`diff::tier_capacities`), and
 //! candidates are compared on that (valued per node inside the greedy too,
-//! 70B on two nodes of 8 H200 at 40 req/s served 28.9 -> 26.7 req/s and
-//! each step took a quarter longer). It serves the share of the tier's prompts its best
-//! prefill-capable group can prefill in time (`served_share`: a larger TP
-//! level takes longer prompts); demand is covered when what it serves
-//! reaches the share the best TP level could.
+//! 70B on two nodes of 8 H200 at 40 req/s served 28.9 -> 26.7 req/s, and a
+//! planning step on 128 GPUs took 1.6x as long). It serves the share of
+//! the tier's prompts its best prefill-capable group can prefill in time
+//! (`served_share`: a larger TP level takes longer prompts); demand is
+//! covered when what it serves reaches the share the best TP level could.
 //!
 //! Placement: a prefilled request's KV cannot leave its node, so a pair
 //! goes on one node, and a lone prefill (decode) group only on a node with
