@@ -26,6 +26,10 @@ pub fn plan(p: &Plan, names: &[String]) -> Value {
         "groups": p.groups.iter().map(|g| group(g, names)).collect::<Vec<_>>(),
         "tier_capacity_rps": caps,
         "tier_served_share": names.iter().cloned().zip(p.tier_served_share.iter().map(|&s| json!(s))).collect::<serde_json::Map<_, _>>(),
+        // Pool members: tier -> the tier whose groups serve it.
+        "pooled_on": names.iter().cloned().zip(&p.pooled_on)
+            .filter_map(|(name, host)| host.map(|h| (name, json!(names[h]))))
+            .collect::<serde_json::Map<_, _>>(),
     })
 }
 

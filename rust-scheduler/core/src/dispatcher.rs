@@ -251,8 +251,9 @@ pub struct Dispatcher {
     tier_prefill: Vec<Vec<usize>>,
     tier_decode: Vec<Vec<usize>>,
     /// Per SLO tier, the prefill-capable and the decode groups of the tiers
-    /// that lend to it (`Tier::lends_to`): where its requests may go when
-    /// its own groups are full (served there, they meet their own SLO).
+    /// that lend to it (`Tier::lends_to`) or host its pool (`Plan::pooled_on`):
+    /// where its requests may go when its own groups are full (served
+    /// there, they meet their own SLO).
     lender_prefill: Vec<Vec<usize>>,
     lender_decode: Vec<Vec<usize>>,
     all_prefill: Vec<usize>,
@@ -386,7 +387,9 @@ impl Dispatcher {
             if borrower.background {
                 return Vec::new();
             }
-            let lends = |g: &GroupPlan| g.tier != t && of_role(g.role) && tiers.tiers()[g.tier].lends_to(borrower);
+            let pooled_on = plan.pooled_on.get(t).copied().flatten();
+            let lends =
+                |g: &GroupPlan| g.tier != t && of_role(g.role) && (pooled_on == Some(g.tier) || tiers.tiers()[g.tier].lends_to(borrower));
             // Slot indices follow the plan's group order.
             (0..plan.groups.len()).filter(|&i| lends(&plan.groups[i])).collect()
         };

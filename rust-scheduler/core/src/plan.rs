@@ -99,6 +99,10 @@ pub struct Plan {
     /// Per tier, the share of its prompts its groups can serve in time (the
     /// best of its prefill-capable groups'; `TierStats::served_within`).
     pub tier_served_share: Vec<f64>,
+    /// Per tier, the tier whose groups its requests run on as a member of
+    /// that tier's pool (`None`: its own groups, and those of the tiers
+    /// that lend to it). The plan, not the tiers' weights, puts it there.
+    pub pooled_on: Vec<Option<TierId>>,
 }
 
 impl Plan {

@@ -25,5 +25,6 @@ pub fn plan(groups: Vec<GroupPlan>) -> Plan {
         groups,
         tier_capacity_rps: vec![1.0, 1.0],
         tier_served_share: vec![1.0, 1.0],
+        pooled_on: vec![None, None],
     }
 }

@@ -86,17 +86,22 @@ impl Tier {
         self.ttft_ms.map_or(f64::INFINITY, |ms| arrival_s + ms / 1e3)
     }
 
-    /// Whether this tier's groups may take `borrower`'s requests when the
-    /// borrower's own are full: served under this tier's SLO they meet their
-    /// own (neither target looser; a background tier has none), and they are
-    /// worth at least as much as this tier's, whose room they take.
-    pub fn lends_to(&self, borrower: &Tier) -> bool {
+    /// Whether `other`'s requests served under this tier's SLO meet their
+    /// own: neither target looser (a background tier has none).
+    pub fn meets_slo_of(&self, other: &Tier) -> bool {
         let le = |mine: Option<f64>, theirs: Option<f64>| match (mine, theirs) {
             (_, None) => true,
             (None, Some(_)) => false,
             (Some(a), Some(b)) => a <= b,
         };
-        le(self.ttft_ms, borrower.ttft_ms) && le(self.tpot_ms, borrower.tpot_ms) && self.weight <= borrower.weight
+        le(self.ttft_ms, other.ttft_ms) && le(self.tpot_ms, other.tpot_ms)
+    }
+
+    /// Whether this tier's groups may take `borrower`'s requests when the
+    /// borrower's own are full: served here they meet their own SLO, and
+    /// they are worth at least as much as this tier's, whose room they take.
+    pub fn lends_to(&self, borrower: &Tier) -> bool {
+        self.meets_slo_of(borrower) && self.weight <= borrower.weight
     }
 
     pub fn slo_tier(name: &str, ttft_ms: f64, tpot_ms: f64, weight: f64) -> Self {

@@ -124,9 +124,8 @@ proptest! {
         let (plan, _) = p.propose(&stats).unwrap();
         let tiers = tier_set(specs);
         for (t, tier) in tiers.tiers().iter().enumerate() {
-            // Its own GPU, or a share of a pool on the GPUs of a tier that lends to it.
-            let pooled = plan.tier_capacity_rps[t] > 0.0
-                && tiers.tiers().iter().enumerate().any(|(h, host)| plan.gpus_of_tier(h) >= 1 && host.lends_to(tier));
+            // Its own GPU, or a share of a pool on the GPUs of its host.
+            let pooled = plan.tier_capacity_rps[t] > 0.0 && plan.pooled_on[t].is_some_and(|h| plan.gpus_of_tier(h) >= 1);
             prop_assert!(plan.gpus_of_tier(t) >= 1 || pooled, "tier {} got no GPU: {:?}", t, plan);
             // Where one GPU can meet the tier's SLO, it gets SLO capacity.
             let one_gpu = estimate_tp(&profile(), tier, &stats[t], 1);

@@ -231,6 +231,7 @@ impl ControlLoop {
                 groups: Vec::new(),
                 tier_capacity_rps: vec![0.0; self.tiers.len()],
                 tier_served_share: vec![1.0; self.tiers.len()],
+                pooled_on: vec![None; self.tiers.len()],
             });
         }
     }

@@ -174,6 +174,7 @@ mod tests {
                 .collect(),
             tier_capacity_rps: vec![capacity],
             tier_served_share: vec![1.0],
+            pooled_on: vec![None],
         }
     }
 

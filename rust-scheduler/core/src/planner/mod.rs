@@ -185,28 +185,38 @@ impl Planner {
         self.current = None;
     }
 
-    /// How `groups` serve the tiers under the current demand: as the pool
-    /// it allows when one member alone has groups of its own and could host
-    /// it (every member's request then runs on that tier's groups), else
-    /// per tier. The host is the one the groups belong to, not the one a
-    /// new pool would take (the busiest): a committed pool judged with
-    /// another host had no member serving it, so when two members' rates
-    /// crossed the plan looked starved and was replaced by the same GPUs
-    /// under the other host, window after window.
+    /// How `groups` serve the tiers under the current demand: as a pool
+    /// the demand allows (of every tier first, `sharing::whole_pool`, then
+    /// `sharing::pool_for`'s) when one member alone has groups of its own
+    /// and could host it (every member's request then runs on that tier's
+    /// groups), else per tier. The host is the one the groups belong to,
+    /// not the one a new pool would take (the busiest): a committed pool
+    /// judged with another host had no member serving it, so when two
+    /// members' rates crossed the plan looked starved and was replaced by
+    /// the same GPUs under the other host, window after window.
     fn sharing_of(&self, groups: &[(usize, Role, u32, u32)], estimates: &[TierEstimate]) -> Sharing {
         let tiers = self.tiers.tiers();
-        let Some(Sharing::Pooled { members, load, .. }) = sharing::pool_for(tiers, estimates) else {
-            return Sharing::PerTier;
-        };
-        let mut owners = groups.iter().map(|g| g.0).filter(|t| members.contains(t));
-        let Some(host) = owners.next() else {
-            return Sharing::PerTier;
-        };
-        if sharing::can_host(tiers, host, &members) && owners.all(|t| t == host) {
-            Sharing::Pooled { host, members, load }
-        } else {
-            Sharing::PerTier
+        let pool = sharing::pool_for(tiers, estimates);
+        // The pool of every tier first: groups that all belong to a tier
+        // that can host everyone serve everyone, not a pool that leaves a
+        // tier its host does not lend to with nothing. Worked out only
+        // where one tier with demand has all of their groups.
+        let mut owners = groups.iter().map(|g| g.0).filter(|&t| estimates[t].stats.arrival_rate > 0.0);
+        let one_owner = owners.next().is_some_and(|first| owners.all(|t| t == first));
+        let whole = one_owner.then(|| sharing::whole_pool(tiers, estimates, pool.as_ref())).flatten();
+        for candidate in [whole, pool].into_iter().flatten() {
+            let Sharing::Pooled { members, load, .. } = candidate else {
+                continue;
+            };
+            let mut owners = groups.iter().map(|g| g.0).filter(|t| members.contains(t));
+            let Some(host) = owners.next() else {
+                continue;
+            };
+            if sharing::can_host(tiers, host, &members) && owners.all(|t| t == host) {
+                return Sharing::Pooled { host, members, load };
+            }
         }
+        Sharing::PerTier
     }
 
     pub fn estimate(&self, stats: &[TierStats]) -> Result<Vec<TierEstimate>, PlanError> {
@@ -232,21 +242,11 @@ impl Planner {
     /// and one tier's groups serve all (a pool's host, or the only tier
     /// with demand), also that tier's layout of the most capacity, found by
     /// enumeration (`layout_search`): the greedy's headroom rules are for
-    /// demand it covers. Earlier candidates win ties.
+    /// demand it covers. Earlier candidates win ties. Where they leave
+    /// demand unserved, a pool of every tier across their weights
+    /// (`sharing::whole_pool`) is weighed apart (`across_weights`).
     fn best_proposal(&self, estimates: &[TierEstimate]) -> Plan {
         let tiers = self.tiers.tiers();
-        let per_tier_basis = self.basis(estimates, Sharing::PerTier);
-        let mut candidates = vec![self.propose_at(estimates, &per_tier_basis, &self.tp_levels)];
-        let pool = sharing::pool_for(tiers, estimates).map(|pool| self.basis(estimates, pool));
-        let whole = |pool: &Basis<'_>| sharing::pools_every_tier_with_demand(&pool.sharing, estimates);
-        if let Some(pool) = &pool {
-            // The pool on all levels, and on each level alone: a mix of levels the
-            // greedy builds tier by tier can split GPUs that one level's groups use whole.
-            candidates.push(self.propose_at(estimates, pool, &self.tp_levels));
-            if self.tp_levels.len() > 1 && whole(pool) {
-                candidates.extend(self.tp_levels.iter().map(|&tp| self.propose_at(estimates, pool, &[tp])));
-            }
-        }
         let best = |candidates: Vec<Plan>| {
             candidates
                 .into_iter()
@@ -255,24 +255,53 @@ impl Planner {
                     (p, v)
                 })
                 .reduce(|best, next| if next.1 > best.1 * (1.0 + 1e-9) { next } else { best })
-                .expect("at least the per-tier proposal")
+                .expect("at least one candidate")
                 .0
         };
-        let greedy = best(candidates);
+        let per_tier_basis = self.basis(estimates, Sharing::PerTier);
+        let mut candidates = vec![self.propose_at(estimates, &per_tier_basis, &self.tp_levels)];
+        let pool = sharing::pool_for(tiers, estimates).map(|pool| self.basis(estimates, pool));
+        if let Some(pool) = &pool {
+            candidates.extend(self.pool_candidates(estimates, pool));
+        }
+        let mut greedy = best(candidates);
         if covers_demand(estimates, &greedy) {
             return greedy;
         }
-        let sole = match &pool {
-            Some(pool) => match &pool.sharing {
-                Sharing::Pooled { host, .. } if whole(pool) => Some((*host, pool)),
-                _ => None,
+        let whole_pool = sharing::whole_pool(tiers, estimates, pool.as_ref().map(|b| &b.sharing)).map(|pool| self.basis(estimates, pool));
+        if let Some(whole_pool) = &whole_pool {
+            greedy = across_weights(tiers, estimates, greedy, best(self.pool_candidates(estimates, whole_pool)));
+            if covers_demand(estimates, &greedy) {
+                return greedy;
+            }
+        }
+        let whole = |pool: &&Basis<'_>| sharing::pools_every_tier_with_demand(&pool.sharing, estimates);
+        let sole = match pool.iter().find(whole).or(whole_pool.as_ref()) {
+            Some(basis) => match &basis.sharing {
+                Sharing::Pooled { host, .. } => Some((*host, basis)),
+                Sharing::PerTier => None,
             },
-            None => sharing::sole_tier_with_demand(estimates).map(|t| (t, &per_tier_basis)),
+            None if pool.is_none() => sharing::sole_tier_with_demand(estimates).map(|t| (t, &per_tier_basis)),
+            None => None,
         };
-        match sole.and_then(|(tier, basis)| self.searched(estimates, basis, tier)) {
-            Some(searched) => best(vec![greedy, searched]),
+        let across = |basis: &Basis<'_>| whole_pool.as_ref().is_some_and(|w| w.sharing == basis.sharing);
+        match sole.and_then(|(tier, basis)| Some((self.searched(estimates, basis, tier)?, across(basis)))) {
+            Some((searched, true)) => across_weights(tiers, estimates, greedy, searched),
+            Some((searched, false)) => best(vec![greedy, searched]),
             None => greedy,
         }
+    }
+
+    /// The greedy's plans for a pool: on all levels, and on each level
+    /// alone where it pools every tier with demand (a mix of levels the
+    /// greedy builds tier by tier can split GPUs that one level's groups
+    /// use whole).
+    fn pool_candidates(&self, estimates: &[TierEstimate], pool: &Basis<'_>) -> Vec<Plan> {
+        let mut out = vec![self.propose_at(estimates, pool, &self.tp_levels)];
+        if self.tp_levels.len() > 1 && sharing::pools_every_tier_with_demand(&pool.sharing, estimates) {
+            out.extend(self.tp_levels.iter().map(|&tp| self.propose_at(estimates, pool, &[tp])));
+        }
+        out
     }
 
     /// All groups to `tier`, laid out by `layout_search` under `basis`.
@@ -473,6 +502,7 @@ impl Planner {
             groups: out,
             tier_capacity_rps,
             tier_served_share,
+            pooled_on: sharing::pooled_on(tiers.len(), &sharing),
         }
     }
 
@@ -529,6 +559,31 @@ fn counted_utilization(role: Role, target: f64) -> f64 {
 struct Basis<'a> {
     sharing: Sharing,
     planning: Cow<'a, [TierEstimate]>,
+}
+
+/// `best` against `pooled`, a plan that pools every tier across their
+/// weights: taken only where it leaves fewer SLO tiers with demand without
+/// SLO capacity than `best`. None may be left without, and the host's SLO
+/// can need a group that per-tier groups leave no room for (five tiers on
+/// 8 A100, 14B: voice decodes in time only at TP8). Taken by the
+/// objective as well, it served five tiers on 8 H100 at 120 req/s 98.4
+/// req/s where per-tier groups served 79.4; but at a load drop it replaced
+/// a background tier's group, whose queued requests then found no spare
+/// room and were shed (4 A100, weights 2 / 1 / 0.5: 41.3 -> 30.3 req/s at
+/// 80 req/s). A background request whose group stops needs a place to
+/// wait before such a pool may be valued like any other plan.
+fn across_weights(tiers: &[Tier], estimates: &[TierEstimate], best: Plan, pooled: Plan) -> Plan {
+    // A background tier takes spare room wherever it has no group.
+    let starved = |plan: &Plan| {
+        (0..tiers.len())
+            .filter(|&t| !tiers[t].background && estimates[t].stats.arrival_rate > 0.0 && plan.tier_capacity_rps[t] <= 0.0)
+            .count()
+    };
+    if starved(&pooled) < starved(&best) {
+        pooled
+    } else {
+        best
+    }
 }
 
 /// Whether the plan serves every tier's demand but for the greedy's

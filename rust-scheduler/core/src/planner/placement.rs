@@ -80,6 +80,7 @@ mod tests {
                 .collect(),
             tier_capacity_rps: vec![1.0],
             tier_served_share: vec![1.0],
+            pooled_on: vec![None],
         }
     }
 

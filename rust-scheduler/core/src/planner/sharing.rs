@@ -11,6 +11,13 @@
 //! nothing that meets its SLO for the other). The planner proposes both
 //! and values them with the same objective; the commit rule picks.
 //!
+//! A tier worth more than others lends them nothing at dispatch, but a
+//! plan may still pool every tier on its groups where its SLO meets all
+//! of theirs (`whole_pool`): the plan names the members
+//! (`Plan::pooled_on`) and the dispatcher puts them there. Such a pool is
+//! taken only where it serves an SLO tier the other proposals leave
+//! nothing (`Planner::best_proposal`).
+//!
 //! A pooled plan's groups belong to the host and are sized by the host's
 //! estimate for the merged load (their budgets hold the host's SLO for
 //! the members' mix of prompts); the greedy picks them for the same load.
@@ -86,6 +93,37 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
     Some(Sharing::Pooled { host, members, load })
 }
 
+/// The pool of every tier with demand on the groups of the one SLO tier
+/// whose SLO meets all of theirs (the busiest of such), whatever their
+/// weights; `None` where no tier's does, or where `pool_for` already pools
+/// them all. A tier worth more than the others lends them nothing at
+/// dispatch, so its groups serve only it: where its SLO needs a large
+/// group, giving every other tier a group of its own first leaves it
+/// none (14B on 8 A100, a voice tier at 150 ms / 8 ms that only TP8
+/// decodes in time, beside four others: voice served nothing at any load,
+/// where one TP8 group for all served every tier). The plan puts the
+/// members on the host's groups (`Plan::pooled_on`); each is credited its
+/// share of what the pool serves, so the objective weighs what the host
+/// gives up.
+pub fn whole_pool(tiers: &[Tier], estimates: &[TierEstimate], pool: Option<&Sharing>) -> Option<Sharing> {
+    let with_demand: Vec<usize> = (0..tiers.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0).collect();
+    if with_demand.len() < 2 || pool.is_some_and(|p| pools_every_tier_with_demand(p, estimates)) {
+        return None;
+    }
+    let host = with_demand
+        .iter()
+        .copied()
+        .filter(|&h| can_host(tiers, h, &with_demand))
+        .rev()
+        .max_by(|&a, &b| estimates[a].stats.arrival_rate.total_cmp(&estimates[b].stats.arrival_rate))?;
+    let load = Box::new(merged_stats(estimates, &with_demand));
+    Some(Sharing::Pooled {
+        host,
+        members: with_demand,
+        load,
+    })
+}
+
 /// Whether `sharing` is a pool of every tier with demand: only such a
 /// pool may lay out all GPUs its own way (beside a tier outside it, one TP
 /// level alone could leave that tier no group: one TP4 group on 4 GPUs).
@@ -94,10 +132,22 @@ pub fn pools_every_tier_with_demand(sharing: &Sharing, estimates: &[TierEstimate
     matches!(sharing, Sharing::Pooled { members, .. } if members.len() == with_demand)
 }
 
-/// Whether `host` can host a pool of `members`: an SLO tier that lends to
-/// every one of them.
+/// Whether `host` can host a pool of `members`: an SLO tier whose SLO
+/// meets every one of theirs.
 pub fn can_host(tiers: &[Tier], host: usize, members: &[usize]) -> bool {
-    !tiers[host].background && members.iter().all(|&m| tiers[host].lends_to(&tiers[m]))
+    !tiers[host].background && members.iter().all(|&m| tiers[host].meets_slo_of(&tiers[m]))
+}
+
+/// Per tier, the tier whose groups serve it under `sharing` (a pool's
+/// members other than its host), for `Plan::pooled_on`.
+pub fn pooled_on(num_tiers: usize, sharing: &Sharing) -> Vec<Option<usize>> {
+    let mut out = vec![None; num_tiers];
+    if let Sharing::Pooled { host, members, .. } = sharing {
+        for &m in members.iter().filter(|&&m| m != *host) {
+            out[m] = Some(*host);
+        }
+    }
+    out
 }
 
 /// The one tier with demand, if only one has any.

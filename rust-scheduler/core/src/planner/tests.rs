@@ -1,4 +1,5 @@
 use super::*;
+use crate::dispatcher::{DispatchClass, Dispatcher};
 use crate::profile::synthetic::{self, tabulate, LINEAR_AXES};
 
 fn planner(tiers: Vec<Tier>, gpus: u32) -> Planner {
@@ -360,6 +361,27 @@ fn a_tier_the_host_does_not_lend_to_stays_out_of_the_pool_on_groups_of_its_own()
         "agent is served by the pool: {:?}",
         out.plan
     );
+}
+
+#[test]
+fn a_tier_worth_more_hosts_everyone_where_groups_of_their_own_would_leave_it_none() {
+    // Only a TP8 group decodes voice within 2.5 ms: with a group for each
+    // other tier first, voice would get none, and voice lends to no one.
+    let tiers = vec![
+        Tier::slo_tier("voice", 300.0, 2.5, 2.0),
+        Tier::slo_tier("chat", 600.0, 30.0, 1.0),
+        Tier::slo_tier("agent", 1000.0, 60.0, 1.0),
+        Tier::background_tier("batch", 0.3),
+    ];
+    let mut p = planner(tiers, 8);
+    let out = p.step(&[TierStats::new(10.0, 1024.0, 256.0); 4]).unwrap();
+    assert!(out.plan.tier_capacity_rps.iter().all(|&c| c > 0.0), "{:?}", out.plan);
+    assert!(out.plan.groups.iter().all(|g| g.tier == 0 && g.tp == 8), "{:?}", out.plan);
+    assert_eq!(out.plan.pooled_on, vec![None, Some(0), Some(0), Some(0)]);
+    // The dispatcher puts the members on the host's group.
+    let mut d = Dispatcher::new(p.tiers(), &out.plan);
+    let placed = d.dispatch(1, 1, 512, true).unwrap();
+    assert_eq!((placed.key(), placed.class), ((0, 8), DispatchClass::Feasible));
 }
 
 #[test]

@@ -125,6 +125,7 @@ pub fn partition_plan(ctx: &Ctx) -> Result<(Plan, Value), String> {
             groups,
             tier_capacity_rps,
             tier_served_share,
+            pooled_on: vec![None; n],
         },
         layout,
     ))
