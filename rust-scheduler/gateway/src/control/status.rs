@@ -36,6 +36,14 @@ impl Control {
             .zip(&plan.tier_capacity_rps)
             .map(|(t, c)| (t.name.clone(), json!(c)))
             .collect();
+        // Pool members: tier -> the tier whose groups serve it.
+        let name = |t: usize| self.tiers.tiers()[t].name.clone();
+        let pooled_on: serde_json::Map<_, _> = plan
+            .pooled_on
+            .iter()
+            .enumerate()
+            .filter_map(|(t, host)| host.map(|h| (name(t), json!(name(h)))))
+            .collect();
         let usable = s.health.usable();
         let down: Vec<usize> = (0..usable.len()).filter(|&g| !usable[g]).collect();
         let workers: Vec<_> = self
@@ -58,6 +66,7 @@ impl Control {
             "num_gpus": plan.num_gpus,
             "groups": groups,
             "tier_capacity_rps": caps,
+            "pooled_on": pooled_on,
             "gpus_down": down,
             "planner_note": s.control.planner_note(),
             "workers": workers,

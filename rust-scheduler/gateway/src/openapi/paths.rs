@@ -116,8 +116,8 @@ fn operation(path: &str, facts: &Facts) -> Operation {
             ResponsesBuilder::new().response(
                 "200",
                 json(
-                    "The plan: its id, groups (tier, role, TP, GPUs, capacity), per-tier capacity, GPUs down and \
-                     the worker nodes",
+                    "The plan: its id, groups (tier, role, TP, GPUs, capacity), per-tier capacity, each pool \
+                     member's host tier, GPUs down and the worker nodes",
                     ObjectBuilder::new().schema_type(Type::Object),
                 ),
             ),
