@@ -24,7 +24,7 @@ pub struct Plan {
 
 impl Plan {
     fn json(&self) -> Value {
-        convert::plan(&self.inner, &self.tier_names)
+        self.inner.to_json(&self.tier_names)
     }
 }
 
@@ -166,7 +166,7 @@ impl Planner {
         let inner = &mut self.inner;
         let out = py.allow_threads(|| inner.step(&stats)).map_err(plan_err)?;
         let d = PyDict::new(py);
-        let commands: Vec<Value> = out.commands.iter().map(|c| convert::command(c, &self.tier_names)).collect();
+        let commands: Vec<Value> = out.commands.iter().map(|c| c.to_json(&self.tier_names)).collect();
         d.set_item("plan", Py::new(py, self.wrap(out.plan))?)?;
         d.set_item("changed", out.changed)?;
         d.set_item("commands", convert::to_py(py, &Value::Array(commands))?)?;

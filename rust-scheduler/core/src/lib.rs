@@ -14,6 +14,7 @@ pub mod dispatcher;
 pub mod estimator;
 pub mod live_view;
 pub mod plan;
+mod plan_json;
 pub mod planner;
 pub mod profile;
 pub mod prompt_lengths;

@@ -21,7 +21,7 @@ use super::fairness;
 use crate::estimator::TierEstimate;
 use crate::plan::{Plan, Role};
 use crate::switch_cost::SwitchCost;
-use crate::tiers::Tier;
+use crate::tiers::{Tier, TierId};
 
 pub struct CommitInput<'a> {
     pub tiers: &'a [Tier],
@@ -36,13 +36,9 @@ pub struct CommitInput<'a> {
     pub kv_bytes_per_token: f64,
 }
 
-/// Tiers with demand that a plan gives no SLO capacity.
-fn starved(estimates: &[TierEstimate], plan: &Plan) -> usize {
-    estimates
-        .iter()
-        .zip(&plan.tier_capacity_rps)
-        .filter(|(e, &cap)| e.stats.arrival_rate > 0.0 && cap <= 0.0)
-        .count()
+/// The tiers with demand that a plan gives no SLO capacity.
+pub(super) fn starved_tiers<'a>(estimates: &'a [TierEstimate], plan: &'a Plan) -> impl Iterator<Item = TierId> + 'a {
+    (0..estimates.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0 && plan.tier_capacity_rps[t] <= 0.0)
 }
 
 /// Tiers a plan leaves below `fraction` of their proportional share of
@@ -121,7 +117,7 @@ fn evicted(i: &CommitInput) -> f64 {
 /// rates expected over the horizon, worked out only for a proposal that
 /// passes the margin (it re-estimates both plans).
 pub fn worth_committing(i: &CommitInput, horizon_gain_rps: impl FnOnce() -> f64) -> bool {
-    if starved(i.estimates, i.proposal) < starved(i.estimates, i.current) {
+    if starved_tiers(i.estimates, i.proposal).count() < starved_tiers(i.estimates, i.current).count() {
         return true;
     }
     // Unfair now, fair by the plans' own aim after; never the other way

@@ -574,11 +574,7 @@ struct Basis<'a> {
 /// wait before such a pool may be valued like any other plan.
 fn across_weights(tiers: &[Tier], estimates: &[TierEstimate], best: Plan, pooled: Plan) -> Plan {
     // A background tier takes spare room wherever it has no group.
-    let starved = |plan: &Plan| {
-        (0..tiers.len())
-            .filter(|&t| !tiers[t].background && estimates[t].stats.arrival_rate > 0.0 && plan.tier_capacity_rps[t] <= 0.0)
-            .count()
-    };
+    let starved = |plan: &Plan| commit::starved_tiers(estimates, plan).filter(|&t| !tiers[t].background).count();
     if starved(&pooled) < starved(&best) {
         pooled
     } else {

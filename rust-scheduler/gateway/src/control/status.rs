@@ -6,44 +6,14 @@ use serde_json::json;
 use super::Control;
 
 impl Control {
-    /// The current plan as JSON (`/v1/plan`), with the GPUs that are down and
-    /// each worker's connection and applied plan.
+    /// The current plan as JSON (`/v1/plan`: the core's `Plan::to_json`), with
+    /// its id, the GPUs that are down and each worker's connection and
+    /// applied plan.
     pub fn plan_json(&self) -> serde_json::Value {
         let s = self.state.lock().unwrap();
         let plan = s.control.plan();
-        let groups: Vec<_> = plan
-            .groups
-            .iter()
-            .map(|g| {
-                json!({
-                    "tier": self.tiers.tiers()[g.tier].name,
-                    "role": g.role.name(),
-                    "tp": g.tp,
-                    "first_gpu": g.first_gpu,
-                    "capacity_rps": g.capacity_rps,
-                    "batch_cap": g.batch_cap,
-                    "token_cap": g.token_cap,
-                    "slo_budget": g.slo_budget,
-                    "max_prompt_tokens": g.max_prompt_tokens,
-                    "served_share": g.served_share,
-                })
-            })
-            .collect();
-        let caps: serde_json::Map<_, _> = self
-            .tiers
-            .tiers()
-            .iter()
-            .zip(&plan.tier_capacity_rps)
-            .map(|(t, c)| (t.name.clone(), json!(c)))
-            .collect();
-        // Pool members: tier -> the tier whose groups serve it.
-        let name = |t: usize| self.tiers.tiers()[t].name.clone();
-        let pooled_on: serde_json::Map<_, _> = plan
-            .pooled_on
-            .iter()
-            .enumerate()
-            .filter_map(|(t, host)| host.map(|h| (name(t), json!(name(h)))))
-            .collect();
+        let names: Vec<String> = self.tiers.tiers().iter().map(|t| t.name.clone()).collect();
+        let mut out = plan.to_json(&names);
         let usable = s.health.usable();
         let down: Vec<usize> = (0..usable.len()).filter(|&g| !usable[g]).collect();
         let workers: Vec<_> = self
@@ -61,16 +31,11 @@ impl Control {
                 })
             })
             .collect();
-        json!({
-            "plan_id": s.control.plan_id(),
-            "num_gpus": plan.num_gpus,
-            "groups": groups,
-            "tier_capacity_rps": caps,
-            "pooled_on": pooled_on,
-            "gpus_down": down,
-            "planner_note": s.control.planner_note(),
-            "workers": workers,
-        })
+        out["plan_id"] = json!(s.control.plan_id());
+        out["gpus_down"] = json!(down);
+        out["planner_note"] = json!(s.control.planner_note());
+        out["workers"] = json!(workers);
+        out
     }
 
     /// TP size of each GPU's group, 0 for GPUs in none (`/metrics`).

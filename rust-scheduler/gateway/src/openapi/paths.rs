@@ -116,7 +116,7 @@ fn operation(path: &str, facts: &Facts) -> Operation {
             ResponsesBuilder::new().response(
                 "200",
                 json(
-                    "The plan: its id, groups (tier, role, TP, GPUs, capacity), per-tier capacity, each pool \
+                    "The plan: its id, groups (tier, role, TP, GPUs, capacity), per-tier capacity and served share, each pool \
                      member's host tier, GPUs down and the worker nodes",
                     ObjectBuilder::new().schema_type(Type::Object),
                 ),
