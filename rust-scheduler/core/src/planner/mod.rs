@@ -216,7 +216,11 @@ impl Planner {
                 return Sharing::Pooled { host, members, load };
             }
         }
-        Sharing::PerTier
+        let mut owners = groups.iter().map(|g| g.0);
+        let idle_owner = owners.next().filter(|&first| owners.all(|t| t == first));
+        idle_owner
+            .and_then(|host| sharing::idle_host_pool(tiers, estimates, host))
+            .unwrap_or(Sharing::PerTier)
     }
 
     pub fn estimate(&self, stats: &[TierStats]) -> Result<Vec<TierEstimate>, PlanError> {

@@ -333,6 +333,36 @@ fn a_pool_is_hosted_by_the_tier_that_lends_to_every_other() {
 }
 
 #[test]
+fn groups_of_a_tier_gone_idle_serve_a_tier_that_arrives_without_a_switch() {
+    let mut p = planner(chat_and_agent(), 4);
+    let first = p
+        .step(&[TierStats::new(5.0, 800.0, 150.0), TierStats::new(0.0, 2000.0, 300.0)])
+        .unwrap();
+    assert_eq!(first.plan.gpus_of_tier(0), 4, "{:?}", first.plan);
+    // Chat went quiet and a little agent traffic came: chat's groups meet
+    // agent's SLO, so they serve it as its pool's host; moving GPUs to
+    // agent for this would gain nothing worth a switch.
+    let out = p
+        .step(&[TierStats::new(0.0, 800.0, 150.0), TierStats::new(0.5, 2000.0, 300.0)])
+        .unwrap();
+    assert!(!out.changed, "{:?}", out.plan);
+    assert_eq!(out.plan.pooled_on, vec![None, Some(0)]);
+    assert!(out.plan.tier_capacity_rps[1] >= 0.5, "{:?}", out.plan);
+    // An idle tier whose SLO does not meet the newcomer's hosts nothing.
+    let loose_first = vec![
+        Tier::slo_tier("agent", 4000.0, 150.0, 1.0),
+        Tier::slo_tier("chat", 800.0, 50.0, 1.0),
+    ];
+    let mut q = planner(loose_first, 4);
+    q.step(&[TierStats::new(5.0, 2000.0, 300.0), TierStats::new(0.0, 800.0, 150.0)])
+        .unwrap();
+    let out = q
+        .step(&[TierStats::new(0.0, 2000.0, 300.0), TierStats::new(0.5, 800.0, 150.0)])
+        .unwrap();
+    assert!(out.changed && out.plan.gpus_of_tier(1) > 0, "{:?}", out.plan);
+}
+
+#[test]
 fn a_tier_the_host_does_not_lend_to_stays_out_of_the_pool_on_groups_of_its_own() {
     // A background tier worth less than chat: chat lends to agent, not to it.
     let tiers = vec![
