@@ -79,7 +79,9 @@ def test_a_planned_tier_change_reaches_the_agent(serve):
     assert stats["plan_id"] == plan["plan_id"] == plan["workers"][0]["applied_plan_id"]
     assert stats["devices"][0]["tier"] == first
     # Load only on the other SLO tier: the control loop moves the device to it
-    # (a role/tier change at TP1) and sends the plan to the agent.
+    # (a role/tier change at TP1) and sends the plan to the agent. Their SLOs
+    # cross (chat's TTFT is tighter, agent's TPOT), so the idle tier's group
+    # cannot serve the other as its pool.
     other = "agent" if first == "chat" else "chat"
     c = client(serve, KEYS[other])
     deadline = time.monotonic() + WAIT_S

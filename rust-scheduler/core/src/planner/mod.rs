@@ -216,10 +216,12 @@ impl Planner {
                 return Sharing::Pooled { host, members, load };
             }
         }
-        let mut owners = groups.iter().map(|g| g.0);
-        let idle_owner = owners.next().filter(|&first| owners.all(|t| t == first));
-        idle_owner
-            .and_then(|host| sharing::idle_host_pool(tiers, estimates, host))
+        let mut owners: Vec<usize> = groups.iter().map(|g| g.0).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        owners
+            .iter()
+            .find_map(|&host| sharing::idle_host_pool(tiers, estimates, host, &owners))
             .unwrap_or(Sharing::PerTier)
     }
 

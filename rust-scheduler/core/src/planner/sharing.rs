@@ -23,7 +23,8 @@
 //! the members' mix of prompts); the greedy picks them for the same load.
 //! A committed pool keeps the host its groups belong to while the members'
 //! rates change (`Planner::sharing_of`), and groups whose tier went idle
-//! host the tiers with demand whose SLO theirs meets (`idle_host_pool`).
+//! host the tiers with demand and no group of their own whose SLO theirs
+//! meets (`idle_host_pool`).
 //! Each member is credited its share of what the pool serves, so the
 //! objective, the fairness and the starvation rules see what it is served.
 
@@ -125,24 +126,26 @@ pub fn whole_pool(tiers: &[Tier], estimates: &[TierEstimate], pool: Option<&Shar
     })
 }
 
-/// The pool a tier without demand hosts on the groups it still holds:
-/// every tier with demand, where its SLO meets all of theirs (it lends
-/// them its groups at dispatch, and has no requests of its own to
-/// protect). Without it a plan whose groups all belong to a tier gone
-/// idle counted a tier that arrived meanwhile as served by nothing, and
-/// the starvation rule forced a switch whatever it gained: Qwen2.5-32B on
-/// 8 A100, the first agent request replaced the idle chat tier's TP4 pair
-/// by agent groups, and the first chat request a second later switched
-/// back.
-pub fn idle_host_pool(tiers: &[Tier], estimates: &[TierEstimate], host: usize) -> Option<Sharing> {
+/// The pool a tier without demand hosts on the groups it still holds
+/// (`owners`: the tiers the plan's groups belong to): the tiers with
+/// demand and no group of their own, where its SLO meets all of theirs (it
+/// lends them its groups at dispatch, and has no requests of its own to
+/// protect). Without it a plan whose groups belong to a tier gone idle
+/// counted a tier that arrived meanwhile as served by nothing, and the
+/// starvation rule forced a switch whatever it gained: Qwen2.5-32B on 8
+/// A100, the first agent request replaced the idle chat tier's TP4 pair by
+/// agent groups, and the first chat request a second later switched back.
+pub fn idle_host_pool(tiers: &[Tier], estimates: &[TierEstimate], host: usize, owners: &[usize]) -> Option<Sharing> {
     if estimates[host].stats.arrival_rate > 0.0 {
         return None;
     }
-    let with_demand: Vec<usize> = (0..tiers.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0).collect();
-    if with_demand.is_empty() || !can_host(tiers, host, &with_demand) {
+    let groupless: Vec<usize> = (0..tiers.len())
+        .filter(|&t| estimates[t].stats.arrival_rate > 0.0 && !owners.contains(&t))
+        .collect();
+    if groupless.is_empty() || !can_host(tiers, host, &groupless) {
         return None;
     }
-    let mut members = with_demand;
+    let mut members = groupless;
     members.push(host);
     members.sort_unstable();
     let load = Box::new(merged_stats(estimates, &members));

@@ -363,6 +363,33 @@ fn groups_of_a_tier_gone_idle_serve_a_tier_that_arrives_without_a_switch() {
 }
 
 #[test]
+fn an_idle_tier_hosts_a_tier_that_arrives_beside_a_busy_one() {
+    // Only chat's SLO meets code's; chat goes quiet while agent stays busy
+    // on groups of its own.
+    let mut tiers = chat_and_agent();
+    tiers.push(Tier::slo_tier("code", 800.0, 50.0, 1.0));
+    let mut p = planner(tiers, 8);
+    let before = p
+        .step(&[
+            TierStats::new(5.0, 800.0, 150.0),
+            TierStats::new(5.0, 2000.0, 300.0),
+            TierStats::new(0.0, 800.0, 150.0),
+        ])
+        .unwrap()
+        .plan;
+    assert!(before.gpus_of_tier(0) > 0 && before.gpus_of_tier(1) > 0, "{before:?}");
+    let out = p
+        .step(&[
+            TierStats::new(0.0, 800.0, 150.0),
+            TierStats::new(5.0, 2000.0, 300.0),
+            TierStats::new(0.5, 800.0, 150.0),
+        ])
+        .unwrap();
+    assert!(!out.changed, "{:?}", out.plan);
+    assert_eq!(out.plan.pooled_on, vec![None, None, Some(0)]);
+}
+
+#[test]
 fn a_tier_the_host_does_not_lend_to_stays_out_of_the_pool_on_groups_of_its_own() {
     // A background tier worth less than chat: chat lends to agent, not to it.
     let tiers = vec![
