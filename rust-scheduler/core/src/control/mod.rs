@@ -276,6 +276,15 @@ impl ControlLoop {
     /// Places a request again, not a new arrival: its group stopped before
     /// it was prefilled (its queue entry moves as metadata), or failed under
     /// it (`down`: groups not to use). What it held comes back first.
+    ///
+    /// Not yet one rule for both callers: the simulator calls this when a
+    /// TP switch stops a group with requests waiting on it, but in
+    /// production the node agent moves those itself (`worker/agent.py`,
+    /// `_settle`: to the least-loaded new group on the same devices, any
+    /// tier's, never shed), and the gateway calls this only to retry after
+    /// a worker failure. For such requests replay may shed what production
+    /// serves late, and place on the tier's groups what production leaves
+    /// on another tier's.
     pub fn readmit(&mut self, id: u64, tier: TierId, prompt_tokens: u32, down: &[GroupKey]) -> Result<Admission, DispatchError> {
         self.handoffs.remove(id);
         let _ = self.dispatcher.complete(id);
