@@ -17,7 +17,7 @@
 //! plans' aim for every tier; and a proposal that leaves more tiers far
 //! below than the current plan is not taken.
 
-use super::fairness;
+use super::{fairness, sharing};
 use crate::estimator::TierEstimate;
 use crate::plan::{Plan, Role};
 use crate::switch_cost::SwitchCost;
@@ -38,7 +38,7 @@ pub struct CommitInput<'a> {
 
 /// The tiers with demand that a plan gives no SLO capacity.
 pub(super) fn starved_tiers<'a>(estimates: &'a [TierEstimate], plan: &'a Plan) -> impl Iterator<Item = TierId> + 'a {
-    (0..estimates.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0 && plan.tier_capacity_rps[t] <= 0.0)
+    sharing::tiers_with_demand(estimates).filter(|&t| plan.tier_capacity_rps[t] <= 0.0)
 }
 
 /// Tiers a plan leaves below `fraction` of their proportional share of

@@ -201,24 +201,24 @@ impl Planner {
         // that can host everyone serve everyone, not a pool that leaves a
         // tier its host does not lend to with nothing. Worked out only
         // where one tier with demand has all of their groups.
-        let mut owners = groups.iter().map(|g| g.0).filter(|&t| estimates[t].stats.arrival_rate > 0.0);
-        let one_owner = owners.next().is_some_and(|first| owners.all(|t| t == first));
+        let mut owners: Vec<usize> = groups.iter().map(|g| g.0).collect();
+        owners.sort_unstable();
+        owners.dedup();
+        let mut busy_owners = owners.iter().filter(|&&t| estimates[t].stats.arrival_rate > 0.0);
+        let one_owner = busy_owners.next().is_some() && busy_owners.next().is_none();
         let whole = one_owner.then(|| sharing::whole_pool(tiers, estimates, pool.as_ref())).flatten();
         for candidate in [whole, pool].into_iter().flatten() {
             let Sharing::Pooled { members, load, .. } = candidate else {
                 continue;
             };
-            let mut owners = groups.iter().map(|g| g.0).filter(|t| members.contains(t));
-            let Some(host) = owners.next() else {
+            let mut member_owners = owners.iter().copied().filter(|t| members.contains(t));
+            let Some(host) = member_owners.next() else {
                 continue;
             };
-            if sharing::can_host(tiers, host, &members) && owners.all(|t| t == host) {
+            if sharing::can_host(tiers, host, &members) && member_owners.next().is_none() {
                 return Sharing::Pooled { host, members, load };
             }
         }
-        let mut owners: Vec<usize> = groups.iter().map(|g| g.0).collect();
-        owners.sort_unstable();
-        owners.dedup();
         owners
             .iter()
             .find_map(|&host| sharing::idle_host_pool(tiers, estimates, host, &owners))

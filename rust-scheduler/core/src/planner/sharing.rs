@@ -51,6 +51,11 @@ pub enum Sharing {
     },
 }
 
+/// The tiers with arrivals, in tier order.
+pub fn tiers_with_demand(estimates: &[TierEstimate]) -> impl Iterator<Item = usize> + '_ {
+    (0..estimates.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0)
+}
+
 /// The pool the current demand allows: hosted by an SLO tier with demand,
 /// with the tiers with demand it lends to as its other members (the most
 /// of them; the busiest host if several lend to as many, the first of
@@ -65,7 +70,7 @@ pub enum Sharing {
 /// a pool with a background tier, chat's TTFT crossing agent's cost 2.2
 /// req/s at 70 req/s). `None` when no tier lends to another with demand.
 pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
-    let with_demand: Vec<usize> = (0..tiers.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0).collect();
+    let with_demand: Vec<usize> = tiers_with_demand(estimates).collect();
     let members_of = |h: usize| -> Vec<usize> {
         let mut members: Vec<usize> = with_demand
             .iter()
@@ -108,7 +113,7 @@ pub fn pool_for(tiers: &[Tier], estimates: &[TierEstimate]) -> Option<Sharing> {
 /// share of what the pool serves, so the objective weighs what the host
 /// gives up.
 pub fn whole_pool(tiers: &[Tier], estimates: &[TierEstimate], pool: Option<&Sharing>) -> Option<Sharing> {
-    let with_demand: Vec<usize> = (0..tiers.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0).collect();
+    let with_demand: Vec<usize> = tiers_with_demand(estimates).collect();
     if with_demand.len() < 2 || pool.is_some_and(|p| pools_every_tier_with_demand(p, estimates)) {
         return None;
     }
@@ -139,9 +144,7 @@ pub fn idle_host_pool(tiers: &[Tier], estimates: &[TierEstimate], host: usize, o
     if estimates[host].stats.arrival_rate > 0.0 {
         return None;
     }
-    let groupless: Vec<usize> = (0..tiers.len())
-        .filter(|&t| estimates[t].stats.arrival_rate > 0.0 && !owners.contains(&t))
-        .collect();
+    let groupless: Vec<usize> = tiers_with_demand(estimates).filter(|t| !owners.contains(t)).collect();
     if groupless.is_empty() || !can_host(tiers, host, &groupless) {
         return None;
     }
@@ -156,7 +159,7 @@ pub fn idle_host_pool(tiers: &[Tier], estimates: &[TierEstimate], host: usize, o
 /// pool may lay out all GPUs its own way (beside a tier outside it, one TP
 /// level alone could leave that tier no group: one TP4 group on 4 GPUs).
 pub fn pools_every_tier_with_demand(sharing: &Sharing, estimates: &[TierEstimate]) -> bool {
-    let with_demand = estimates.iter().filter(|e| e.stats.arrival_rate > 0.0).count();
+    let with_demand = tiers_with_demand(estimates).count();
     matches!(sharing, Sharing::Pooled { members, .. } if members.len() == with_demand)
 }
 
@@ -180,7 +183,7 @@ pub fn pooled_on(num_tiers: usize, sharing: &Sharing) -> Vec<Option<usize>> {
 
 /// The one tier with demand, if only one has any.
 pub fn sole_tier_with_demand(estimates: &[TierEstimate]) -> Option<usize> {
-    let mut with_demand = (0..estimates.len()).filter(|&t| estimates[t].stats.arrival_rate > 0.0);
+    let mut with_demand = tiers_with_demand(estimates);
     let only = with_demand.next()?;
     with_demand.next().is_none().then_some(only)
 }
