@@ -13,8 +13,8 @@ import pytest
 from test_fidelity import FAKE_TRACE, fake_serve_process, profile_doc
 from test_replay_live_client import FakeServer, tiers_file, tokenizer_dir  # noqa: F401 - fixture
 
-from tiertp.fidelity.calibration import calibration_scale, fit_decode_overhead
-from tiertp.fidelity.probe import LoadedProbe
+from tiertp.fidelity.calibration import calibration_scale, fit_decode_overhead, prefill_fit, ttft_offset_ms
+from tiertp.fidelity.probe import LoadedProbe, second_probe_tokens
 from tiertp.fidelity.sim_profile import CellScale, sim_profile_doc
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
@@ -54,6 +54,56 @@ def test_scale_is_the_probes_ttft_ratio_for_prefill_and_tpot_ratio_for_decode():
     no_ttft = {"chat": {"ratio": {"ttft_ms": None, "tpot_ms": 0.8}}}
     assert calibration_scale({"tiers": no_ttft}) == CellScale(prefill=0.8, decode=0.8)
     assert calibration_scale({"tiers": {"chat": {"ratio": {"ttft_ms": 1.0, "tpot_ms": None}}}}) is None
+
+
+def _figures(predicted_ttft: float, measured_ttft: float, tpot_ratio: float = 1.0) -> dict:
+    return {"predicted": {"ttft_ms": predicted_ttft, "tpot_ms": 10.0},
+            "measured": {"ttft_ms": measured_ttft, "tpot_ms": 10.0 * tpot_ratio},
+            "ratio": {"ttft_ms": measured_ttft / predicted_ttft, "tpot_ms": tpot_ratio}}
+
+
+def test_two_prompt_lengths_split_the_ttft_excess_into_a_factor_and_a_fixed_latency():
+    # served: 1.1 x the profile's prefill plus 60 ms on the way to the first token
+    unloaded = {"tiers": {"chat": _figures(150, 1.1 * 150 + 60), "agent": _figures(150, 1.1 * 150 + 60, 1.2)},
+                "second_length": {"prompt_tokens": 40,
+                                  "tiers": {"chat": _figures(60, 1.1 * 60 + 60), "agent": _figures(60, 1.1 * 60 + 60)}}}
+    factor, offset = prefill_fit(unloaded)
+    assert factor == pytest.approx(1.1) and offset == pytest.approx(60)
+    scale = calibration_scale(unloaded)
+    # decode: the median TPOT ratio over both lengths; prefill: the fit's factor, not the short
+    # prompt's TTFT ratio (1.5)
+    assert (scale.prefill, scale.decode) == (pytest.approx(1.1), pytest.approx(1.0))
+    assert ttft_offset_ms(unloaded) == pytest.approx(60)
+
+
+def test_an_excess_that_shrinks_below_zero_is_a_factor_alone():
+    unloaded = {"tiers": {"chat": _figures(500, 650)}, "second_length": {"prompt_tokens": 100,
+                                                                         "tiers": {"chat": _figures(100, 100)}}}
+    factor, offset = prefill_fit(unloaded)  # the unconstrained line would cross below zero at 0
+    assert offset == 0 and factor == pytest.approx((100 * 100 + 500 * 650) / (100 ** 2 + 500 ** 2))
+    assert ttft_offset_ms(unloaded) == 0
+
+
+def test_one_prompt_length_keeps_the_ttft_ratio_and_no_offset():
+    unloaded = {"tiers": {"chat": _figures(150, 210), "agent": _figures(150, 180)}}
+    assert prefill_fit(unloaded) is None and ttft_offset_ms(unloaded) == 0
+    assert calibration_scale(unloaded).prefill == pytest.approx(1.3)
+
+
+def test_the_second_probe_length_is_a_quarter_of_the_first():
+    assert second_probe_tokens(174) == 43
+    assert second_probe_tokens(4) == 1 and second_probe_tokens(3) is None
+
+
+def test_a_ttft_offset_delays_every_first_token_and_the_slo_sees_it(tmp_path):
+    ctx = _ctx(tmp_path)
+    trace = make_trace("one", [0.0], [40], [20], tier=[0], tier_names=["chat", "agent"])
+    plain = run_once(ctx, Load(None, trace, 1.0), "tiertp", {})
+    ttft_slo = ctx.slos[0].ttft_ms
+    late = run_once(replace(ctx, ttft_offset_ms=ttft_slo), Load(None, trace, 1.0), "tiertp", {})
+    assert late.ttft_ms[0] == pytest.approx(plain.ttft_ms[0] + ttft_slo)
+    assert late.tpot_ms[0] == plain.tpot_ms[0]
+    assert plain.metrics.met == 1 and late.metrics.met == 0
 
 
 def _ctx(tmp_path, extra_ms: float | None = None) -> SimContext:

@@ -14,6 +14,9 @@ DISPATCH_CLASSES: list[str]
 # cluster given as a GPU count, and where the gateway listens.
 DEFAULT_WINDOW_S: float
 DEFAULT_GPUS_PER_NODE: int
+# How long (s) a tier's past arrival rate keeps counting as demand in the
+# control loop, so a tier gone quiet keeps its GPUs that long.
+DEFAULT_DEMAND_MEMORY_S: float
 # The request the control loop assumes for a tier it has not seen yet
 # (prompt and output tokens): what a plan made at start-up is sized for.
 PRIOR_PROMPT_TOKENS: float

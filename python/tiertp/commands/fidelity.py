@@ -96,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("client and output")
     add_client_limit_arguments(o)
     o.add_argument("--probe", type=int, default=2, metavar="N",
-                   help="unloaded probe: N requests per tier sent one at a time before the loads (default 2; 0: none)")
+                   help="unloaded probe: N requests per tier and prompt length (the first load's median and a "
+                        "quarter of it) sent one at a time before the loads (default 2; 0: none)")
     o.add_argument("--probe-concurrency", type=_concurrencies, default=PROBE_CONCURRENCY, metavar="N1,N2,...",
                    help="loaded probe: waves of N requests sent together, each size twice, after the unloaded "
                         f"probe (default {','.join(map(str, PROBE_CONCURRENCY))}; 0: none)")

@@ -5,11 +5,20 @@ also carries the serving stack's work, and the host may be faster or slower
 than when it was profiled. Two numbers, both measured on the running
 server before the loads, correct for it:
 
-- `scale` (the unloaded probe, `CellScale`): measured / predicted TTFT of
-  a request running alone, median over tiers, multiplies the prefill cells;
-  measured / predicted TPOT the decode cells. One factor from the TPOT for
-  both made prefill 13% faster than served in a run whose probe decoded
-  faster than profiled but prefilled as profiled (docs/fidelity.md).
+- `scale` (the unloaded probe, `CellScale`): measured / predicted TPOT of
+  a request running alone, median over tiers, multiplies the decode cells.
+  For prefill, the probe's TTFTs at its two prompt lengths are fitted as
+  measured = factor x predicted + offset (least squares, offset >= 0): the
+  factor multiplies the prefill cells, and the offset, the serving path's
+  own latency to a first token (client, gateway, agent and execution
+  process, then the token back), is added to each simulated TTFT
+  (`SimContext.ttft_offset_ms`), not to device time. At one length the
+  factor is the median measured / predicted TTFT and the offset 0. One
+  factor from the TPOT for both made prefill 13% faster than served in a
+  run whose probe decoded faster than profiled but prefilled as profiled;
+  a factor from one 174-token prompt's TTFT made a TP2 prefill of 950
+  tokens 1.56x slower than served, because most of that prompt's excess
+  was the fixed latency (docs/fidelity.md).
 - `decode_ms_per_extra_request` (the loaded probe): what a decode step
   costs per running request beyond the first, over the profile. The probe's
   waves are simulated at their real send times with each candidate value;
@@ -31,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tiertp.fidelity.probe import LoadedProbe
+from tiertp.fidelity.probe import LoadedProbe, probe_blocks
 from tiertp.fidelity.sim_profile import CellScale
 from tiertp.replay.live.records import COMPLETED
 from tiertp.replay.runner import SimContext, run_once
@@ -40,26 +49,53 @@ from tiertp.traces import make_trace
 
 # Suffix of the calibrated prediction's name in the reports.
 CALIBRATED = "-calibrated"
-CALIBRATION_RULE = ("scale = median over tiers of the unloaded probe's measured / predicted TTFT for prefill cells, "
-                    "TPOT for decode cells; "
+CALIBRATION_RULE = ("decode scale = median over tiers of the unloaded probe's measured / predicted TPOT; "
+                    "prefill scale and TTFT offset = measured = scale x predicted + offset (offset >= 0) fitted to "
+                    "the probe's TTFTs at its two prompt lengths (one length: the median TTFT ratio, offset 0); "
                     "decode_ms_per_extra_request = the decode step's cost per running request beyond the first "
                     "that best reproduces the loaded probe's per-wave median TPOTs in the simulator")
 # Candidate per-request costs: this many steps from 0 to the batch-1 decode step.
 FIT_STEPS = 20
 
 
+def _median_ratio(unloaded: dict, figure: str) -> float | None:
+    ratios = [t["ratio"][figure] for _, block in probe_blocks(unloaded) for t in block.values() if t["ratio"][figure]]
+    return float(np.median(ratios)) if ratios else None
+
+
+def prefill_fit(unloaded: dict) -> tuple[float, float] | None:
+    """(factor, offset_ms) with measured TTFT = factor x predicted + offset
+    over the probe's requests (module doc); None where the probe measured
+    TTFTs at fewer than two predicted values, or the fit has no positive
+    factor."""
+    points = [(t["predicted"]["ttft_ms"], t["measured"]["ttft_ms"]) for _, block in probe_blocks(unloaded)
+              for t in block.values() if "measured" in t and t["measured"]["ttft_ms"] and t["predicted"]["ttft_ms"] > 0]
+    predicted = np.array([p for p, _ in points], dtype=np.float64)
+    measured = np.array([m for _, m in points], dtype=np.float64)
+    if len(points) < 2 or np.ptp(predicted) < 1e-9 * predicted.max():
+        return None
+    factor, offset = np.polyfit(predicted, measured, 1)
+    if offset < 0:  # no latency below the forward pass: the best line through the origin
+        factor, offset = float(predicted @ measured / (predicted @ predicted)), 0.0
+    return (float(factor), float(offset)) if factor > 0 else None
+
+
 def calibration_scale(unloaded: dict) -> CellScale | None:
     """The unloaded probe's `scale` (above); None when it measured no TPOT
     (prefill takes the TPOT's factor when it measured no TTFT)."""
-
-    def median(figure: str) -> float | None:
-        ratios = [t["ratio"][figure] for t in unloaded["tiers"].values() if t["ratio"][figure]]
-        return float(np.median(ratios)) if ratios else None
-
-    decode = median("tpot_ms")
+    decode = _median_ratio(unloaded, "tpot_ms")
     if decode is None:
         return None
-    return CellScale(prefill=median("ttft_ms") or decode, decode=decode)
+    fit = prefill_fit(unloaded)
+    prefill = fit[0] if fit else _median_ratio(unloaded, "ttft_ms")
+    return CellScale(prefill=prefill or decode, decode=decode)
+
+
+def ttft_offset_ms(unloaded: dict) -> float:
+    """The serving path's latency to a first token (above); 0 without a
+    two-length fit."""
+    fit = prefill_fit(unloaded)
+    return fit[1] if fit else 0.0
 
 
 @dataclass

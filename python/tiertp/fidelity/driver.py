@@ -32,12 +32,12 @@ import numpy as np
 
 from tiertp._scheduler import DEFAULT_WINDOW_S
 from tiertp.fidelity.calibration import (CALIBRATED, CALIBRATION_RULE, calibration_scale, fit_decode_overhead,
-                                         loaded_probe_table)
+                                         loaded_probe_table, ttft_offset_ms)
 from tiertp.fidelity.compare import compare, table
 from tiertp.fidelity.defaults import PROBE_CONCURRENCY, TIERS_CPU_TWO_TIER
 from tiertp.fidelity import provenance
 from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
-from tiertp.fidelity.probe import loaded_probe, probe, probe_table
+from tiertp.fidelity.probe import loaded_probe, probe, probe_table, second_probe_tokens
 from tiertp.fidelity.serve_process import ServeProcess
 from tiertp.ports import free_port
 from tiertp.fidelity.sim_profile import CellScale, check_profile_levels, sim_profile_doc, write_sim_profile
@@ -166,21 +166,24 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
         if cfg.probe_per_tier:
             first = loads[0][0].trace
             p, o = int(np.median(first.prompt_tokens)), int(np.median(first.output_tokens))
-            run.unloaded = probe(session, ctx, cfg.sim_policies[0], p, o, cfg.probe_per_tier, cfg.limits)
+            run.unloaded = probe(session, ctx, cfg.sim_policies[0], p, o, cfg.probe_per_tier, cfg.limits,
+                                 second_probe_tokens(p))
             run.say(probe_table(run.unloaded))
             scale = calibration_scale(run.unloaded) if cfg.calibrate else None
             if scale is not None:
                 extra_ms = _fit_overhead(cfg, run, session, ctx, measured_profile, levels, agent.max_total_tokens,
                                          scale, p, o)
                 calibrated_path = cfg.out / "profile-sim-calibrated.json"
-                run.calibration = {"scale": asdict(scale), "decode_ms_per_extra_request": extra_ms,
+                offset_ms = ttft_offset_ms(run.unloaded)
+                run.calibration = {"scale": asdict(scale), "ttft_offset_ms": offset_ms,
+                                   "decode_ms_per_extra_request": extra_ms,
                                    "rule": CALIBRATION_RULE, "profile": str(calibrated_path),
                                    "server_plans_with": "measured profile"}
                 calibrated = write_sim_profile(measured_profile, calibrated_path, agent.max_total_tokens, levels,
                                                cfg.iteration_overhead_ms, scale, extra_ms)
-                run.calibrated_ctx = replace(ctx, profile=calibrated)
+                run.calibrated_ctx = replace(ctx, profile=calibrated, ttft_offset_ms=offset_ms)
                 run.say(f"calibrated profile: prefill cells x{scale.prefill:.2f}, decode cells x{scale.decode:.2f}, "
-                        f"a decode step +{extra_ms:.2f} ms per "
+                        f"each TTFT +{offset_ms:.0f} ms, a decode step +{extra_ms:.2f} ms per "
                         f"running request beyond the first ({CALIBRATION_RULE})")
                 if serve is not None:
                     # The gateway plans with the profile: restarted on the

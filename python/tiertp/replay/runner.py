@@ -23,7 +23,9 @@ class SimContext:
     deterministic; `seed` is recorded with the run (it seeds the workload:
     synthetic traces, tier fractions). `engine_profile`: what the engine's
     iterations take when the policies plan with a `profile` that is not the
-    engine (None: `profile`)."""
+    engine (None: `profile`). `ttft_offset_ms`: a latency to each first
+    token that no device spends (a live serving path's, calibrated by
+    `tiertp fidelity`), added to every simulated TTFT before the metrics."""
 
     simulate: Callable[..., dict]
     profile: object
@@ -35,6 +37,7 @@ class SimContext:
     kv_gbps: float | None = None
     seed: int = 0
     engine_profile: object | None = None
+    ttft_offset_ms: float = 0.0
 
     @property
     def slos(self) -> list[TierSlo]:
@@ -87,6 +90,8 @@ def run_once(ctx: SimContext, load: Load, policy: str, settings: dict,
     )
     what = f"policy {policy} ({label(settings)}) at {load.offered_rps:.2f} req/s"
     check_conservation(result, t.arrival_s, t.output_tokens, what)
+    if ctx.ttft_offset_ms:
+        result = {**result, "ttft_ms": np.asarray(result["ttft_ms"], dtype=np.float64) + ctx.ttft_offset_ms}
     metrics = compute_metrics(result, t.tier, t.output_tokens, ctx.slos, load.window_s)
     return RunOutcome(
         policy=policy,

@@ -46,6 +46,7 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     m.add("SIM_POLICY_SETTINGS", settings)?;
     m.add("DEFAULT_WINDOW_S", tiertp_scheduler::defaults::WINDOW_S)?;
+    m.add("DEFAULT_DEMAND_MEMORY_S", tiertp_scheduler::defaults::DEMAND_MEMORY_S)?;
     m.add("DEFAULT_GPUS_PER_NODE", tiertp_scheduler::defaults::GPUS_PER_NODE)?;
     m.add("PRIOR_PROMPT_TOKENS", tiertp_scheduler::defaults::PRIOR_PROMPT_TOKENS)?;
     m.add("PRIOR_OUTPUT_TOKENS", tiertp_scheduler::defaults::PRIOR_OUTPUT_TOKENS)?;
