@@ -70,7 +70,7 @@ def test_two_prompt_lengths_split_the_ttft_excess_into_a_factor_and_a_fixed_late
     factor, offset = prefill_fit(unloaded)
     assert factor == pytest.approx(1.1) and offset == pytest.approx(60)
     scale = calibration_scale(unloaded)
-    # decode: the median TPOT ratio over both lengths; prefill: the fit's factor, not the short
+    # decode: the median TPOT ratio over both lengths; prefill: the fit's factor, not the median
     # prompt's TTFT ratio (1.5)
     assert (scale.prefill, scale.decode) == (pytest.approx(1.1), pytest.approx(1.0))
     assert ttft_offset_ms(unloaded) == pytest.approx(60)

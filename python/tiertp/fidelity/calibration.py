@@ -6,7 +6,8 @@ than when it was profiled. Two numbers, both measured on the running
 server before the loads, correct for it:
 
 - `scale` (the unloaded probe, `CellScale`): measured / predicted TPOT of
-  a request running alone, median over tiers, multiplies the decode cells.
+  a request running alone, median over tiers and prompt lengths,
+  multiplies the decode cells.
   For prefill, the probe's TTFTs at its two prompt lengths are fitted as
   measured = factor x predicted + offset (least squares, offset >= 0): the
   factor multiplies the prefill cells, and the offset, the serving path's
@@ -49,7 +50,8 @@ from tiertp.traces import make_trace
 
 # Suffix of the calibrated prediction's name in the reports.
 CALIBRATED = "-calibrated"
-CALIBRATION_RULE = ("decode scale = median over tiers of the unloaded probe's measured / predicted TPOT; "
+CALIBRATION_RULE = ("decode scale = median over tiers and prompt lengths of the unloaded probe's measured / "
+                    "predicted TPOT; "
                     "prefill scale and TTFT offset = measured = scale x predicted + offset (offset >= 0) fitted to "
                     "the probe's TTFTs at its two prompt lengths (one length: the median TTFT ratio, offset 0); "
                     "decode_ms_per_extra_request = the decode step's cost per running request beyond the first "
