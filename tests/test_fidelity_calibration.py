@@ -43,17 +43,24 @@ def test_prefill_and_decode_cells_take_their_own_scale():
         CellScale(prefill=0)
 
 
+def _ratios(ttft: float | None, tpot: float | None) -> dict:
+    """A probe tier's figures at one prompt length (predicted 100 ms each) with these measured ratios."""
+    return {"predicted": {"ttft_ms": 100.0, "tpot_ms": 100.0},
+            "measured": {"ttft_ms": ttft and 100 * ttft, "tpot_ms": tpot and 100 * tpot},
+            "ratio": {"ttft_ms": ttft, "tpot_ms": tpot}}
+
+
 def test_scale_is_the_probes_ttft_ratio_for_prefill_and_tpot_ratio_for_decode():
     tiers = {
-        "chat": {"ratio": {"ttft_ms": 1.05, "tpot_ms": 0.83}},
-        "agent": {"ratio": {"ttft_ms": 0.99, "tpot_ms": 0.92}},
-        "batch": {"ratio": {"ttft_ms": 1.01, "tpot_ms": None}},
+        "chat": _ratios(1.05, 0.83),
+        "agent": _ratios(0.99, 0.92),
+        "batch": _ratios(1.01, None),
     }
     scale = calibration_scale({"tiers": tiers})
     assert scale.prefill == 1.01 and scale.decode == pytest.approx(0.875)
-    no_ttft = {"chat": {"ratio": {"ttft_ms": None, "tpot_ms": 0.8}}}
+    no_ttft = {"chat": _ratios(None, 0.8)}
     assert calibration_scale({"tiers": no_ttft}) == CellScale(prefill=0.8, decode=0.8)
-    assert calibration_scale({"tiers": {"chat": {"ratio": {"ttft_ms": 1.0, "tpot_ms": None}}}}) is None
+    assert calibration_scale({"tiers": {"chat": _ratios(1.0, None)}}) is None
 
 
 def _figures(predicted_ttft: float, measured_ttft: float, tpot_ratio: float = 1.0) -> dict:

@@ -71,7 +71,7 @@ def prefill_fit(unloaded: dict) -> tuple[float, float] | None:
     TTFTs at fewer than two predicted values, or the fit has no positive
     factor."""
     points = [(t["predicted"]["ttft_ms"], t["measured"]["ttft_ms"]) for _, block in probe_blocks(unloaded)
-              for t in block.values() if "measured" in t and t["measured"]["ttft_ms"] and t["predicted"]["ttft_ms"] > 0]
+              for t in block.values() if t["measured"]["ttft_ms"] and t["predicted"]["ttft_ms"] > 0]
     predicted = np.array([p for p, _ in points], dtype=np.float64)
     measured = np.array([m for _, m in points], dtype=np.float64)
     if len(points) < 2 or np.ptp(predicted) < 1e-9 * predicted.max():
