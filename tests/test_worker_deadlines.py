@@ -21,6 +21,7 @@ from tiertp.worker.agent import Agent
 from tiertp.worker.config import AgentConfig
 from tiertp.worker.executor import ExecutionLoop
 from tiertp.worker.groups import TpGroup
+from tiertp.worker.messages import parse_apply_plan, parse_submit
 from tiertp.worker.process import READY, STARTING
 from tiertp.worker.runner import ModelLimits, StepOutput, StepRunner
 from tiertp.worker.seal import ControlKey
@@ -204,3 +205,20 @@ def test_a_waiting_request_moved_by_a_switch_keeps_its_deadline(node):
     proc.loop._schedule(deadline)  # still busy at the original deadline: shed
     proc.deliver()
     assert _terminal(sent) == {2: P.SLO_UNATTAINABLE}
+
+
+def test_a_waiting_request_moved_by_a_switch_goes_where_the_plan_placed_it(node):
+    agent, proc, sent = node
+    other = _Process(agent, batch_cap=1)
+    other.group = TpGroup(1, 1)
+    agent.procs[other.group] = other
+    stopped = TpGroup(0, 2)
+    for rid in (1, 2):
+        agent.requests.add(CLIENT, parse_submit(_submit(rid)), stopped).sent = False
+    placed = agent._placed(CLIENT, parse_apply_plan({"type": "apply_plan", "plan_id": 2, "devices": [],
+                                                     "moves": [{"id": 1, "tp_group": [1, 1]}]}))
+    agent._settle({proc.group, other.group}, placed)
+    # 1 where the plan put it; 2, which it did not name, on the least-loaded group over its devices.
+    assert [r.group for r in (agent.requests.lookup(CLIENT, 1), agent.requests.lookup(CLIENT, 2))] == [other.group,
+                                                                                                       proc.group]
+    assert [a["rid"] for a in other.adds] == [agent.requests.lookup(CLIENT, 1).rid]

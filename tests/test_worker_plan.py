@@ -11,10 +11,11 @@ import pytest
 from tiertp.worker import protocol as P
 from tiertp.worker.config import check_model_fits_tp_levels
 from tiertp.worker.groups import GroupError, TpGroup, aligned_groups
-from tiertp.worker.messages import parse_apply_plan, parse_submit
+from tiertp.worker.messages import PlanMove, parse_apply_plan, parse_submit
 from tiertp.worker.layout_change import LayoutChange, layout_changes
 from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.requests import RequestTable
+from tiertp.worker.switcher import split_shares
 
 
 def _plan(*devices, plan_id=1):
@@ -167,3 +168,24 @@ def test_tp_levels_the_models_heads_cannot_split_are_refused_at_start():
     check_model_fits_tp_levels("tiny-llama", (1, 2, 4))
     with pytest.raises(ValueError, match=r"9 attention heads and 3 KV heads.*TP 2 \(levels that fit: \[1, 3\]\)"):
         check_model_fits_tp_levels("smollm2-135m", (1, 2))
+
+
+def test_a_plans_moves_name_each_request_and_its_new_group():
+    d = {"device": 0, "role": "colocated", "tier": "chat", "tp_group": [0, 2], "batch_cap": 4, "token_cap": 0}
+    plan = parse_apply_plan({"type": "apply_plan", "plan_id": 3, "devices": [d, {**d, "device": 1}],
+                             "moves": [{"id": 7, "tp_group": [0, 2]}]})
+    assert plan.moves == (PlanMove(7, TpGroup(0, 2)),)
+    assert _plan((0, "colocated", "chat", (0, 1))).moves == ()  # optional
+    for moves, problem in [({"id": 7}, "moves must be a list"), ([{"id": 7}], r"moves\[0\]: missing field 'tp_group'"),
+                           ([[7, [0, 2]]], r"moves\[0\] must be a map")]:
+        with pytest.raises(P.ProtocolError, match=problem):
+            parse_apply_plan({"type": "apply_plan", "plan_id": 3, "devices": [d], "moves": moves})
+
+
+def test_a_split_sends_each_running_request_where_the_plan_placed_it_and_balances_the_rest():
+    a, b = TpGroup(0, 1), TpGroup(1, 1)
+    kv = {1: 100, 2: 50, 3: 40, 4: 30}.__getitem__
+    # The plan puts 1 and 2 on b; 3 and 4 it did not know: they go where the KV is least.
+    assert split_shares([1, 2, 3, 4], [a, b], {1: b, 2: b, 9: a}, kv) == [[3, 4], [1, 2]]
+    # A destination outside the split is no choice.
+    assert split_shares([1, 2], [a, b], {1: TpGroup(2, 1)}, kv) == [[1], [2]]

@@ -320,10 +320,11 @@ class Agent:
             log.warning("plan %d rejected: %s", plan_id, e)
             reply(False, str(e))
             return
+        placed = self._placed(client, plan)
         done = []
         try:
             for change in changes:
-                self.switcher.apply(change, self.instances)
+                self.switcher.apply(change, self.instances, placed)
                 done.append(change)
         except (ChangeFailed, RemoteOpFailed) as e:
             log.warning("plan %d: TP switch %s failed: %s", plan_id, change.describe(), e)
@@ -345,7 +346,7 @@ class Agent:
         self.assign = new
         self.plan_id = plan_id
         if changes:
-            self._settle(new_groups)
+            self._settle(new_groups, placed)
             self.moves["switches"] += len(changes)
         reply(True, None)
 
@@ -385,9 +386,20 @@ class Agent:
             if req is not None and req.group == group:
                 req.sent = False
 
-    def _settle(self, active: set[TpGroup]) -> None:
+    def _placed(self, client: bytes, plan: ApplyPlan) -> dict[int, TpGroup]:
+        """The plan's moves, by rid: where the control loop settled each request of a
+        group the plan stops (`ControlLoop::window`)."""
+        out = {}
+        for m in plan.moves:
+            req = self.requests.lookup(client, m.id)
+            if req is not None:
+                out[req.rid] = m.tp_group
+        return out
+
+    def _settle(self, active: set[TpGroup], placed: dict[int, TpGroup] | None = None) -> None:
         """After a switch: instances of active groups (or holding requests) run, the others
-        pause; requests whose group is no longer active go to an active one that overlaps it."""
+        pause; requests whose group is no longer active go where the plan placed them, or,
+        if it did not name them, to the least-loaded active group that overlaps it."""
         holding = {r.group for r in self.requests.all() if r.sent}
         for g, inst in list(self.instances.items()):
             run = g in active or g in holding
@@ -398,8 +410,12 @@ class Agent:
                     inst.pause()
             except RemoteOpFailed as e:  # a dead process: the tick restarts it
                 log.error("device %d TP%d: %s", g.first, g.tp, e)
+        placed = placed or {}
         for req in self.requests.all():
             if req.sent or req.group in active:
+                continue
+            if (g := placed.get(req.rid)) in active:
+                req.group = g
                 continue
             near = [g for g in active if set(g.devices) & set(req.group.devices)] or sorted(active)
             req.group = min(near, key=lambda g: (self._load(g), g))

@@ -70,9 +70,19 @@ class DevicePlan:
 
 
 @dataclass(frozen=True)
+class PlanMove:
+    """A request on a group the plan stops, and the new group (over the same
+    devices) the control loop settled it on: where the TP switch takes it."""
+
+    id: int
+    tp_group: TpGroup
+
+
+@dataclass(frozen=True)
 class ApplyPlan:
     plan_id: int
     devices: tuple[DevicePlan, ...]
+    moves: tuple[PlanMove, ...] = ()
 
 
 def _field(msg: dict, name: str, where: str) -> Any:
@@ -196,4 +206,13 @@ def parse_apply_plan(msg: dict) -> ApplyPlan:
             batch_cap=_int(_field(d, "batch_cap", w), "batch_cap", w, lo=1, hi=2**32 - 1),
             token_cap=_int(_field(d, "token_cap", w), "token_cap", w, hi=2**32 - 1),
         ))
-    return ApplyPlan(plan_id, tuple(out))
+    moves = msg.get("moves", [])
+    if not isinstance(moves, (list, tuple)):
+        raise P.ProtocolError(f"{where}: moves must be a list, got {type(moves).__name__}")
+    placed = []
+    for i, m in enumerate(moves):
+        w = f"{where}: moves[{i}]"
+        if not isinstance(m, dict):
+            raise P.ProtocolError(f"{w} must be a map, got {type(m).__name__}")
+        placed.append(PlanMove(_int(_field(m, "id", w), "id", w), _group(_field(m, "tp_group", w), "tp_group", w)))
+    return ApplyPlan(plan_id, tuple(out), tuple(placed))

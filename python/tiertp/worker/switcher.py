@@ -1,5 +1,9 @@
 """`Switcher`: the agent's TP switches and prefill -> decode hand-offs.
 
+Where a split sends each running request is the plan's (its `moves`, the
+core control loop's rule), or, for a request the plan does not name, the
+destination with the least KV (`split_shares`).
+
 It runs tiertp.switching.SwitchCoordinator over the execution processes'
 `RemoteInstance`s and hosts the coordinator's control store (the ranks of
 every instance meet there for each migration). The agent tells it what to
@@ -20,7 +24,7 @@ split by handing back what had already moved. `ChangeFailed` says why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tiertp.switching import SwitchCoordinator, SwitchError
 from tiertp.worker.groups import TpGroup
@@ -30,6 +34,29 @@ from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 log = logging.getLogger(__name__)
 
 Moved = Callable[[list[int], TpGroup], None]
+
+
+def split_shares(rids: list[int], dests: list[TpGroup], placed: Mapping[int, TpGroup],
+                 kv_tokens: Callable[[int], int]) -> list[list[int]]:
+    """The running requests of a group a split stops, per destination: the plan's choice
+    for those it names (the control loop's); the others (the plan did not know them: they
+    came after it was made, or from a client without a control loop) where the KV is
+    least, largest first."""
+    shares: list[list[int]] = [[] for _ in dests]
+    tokens = [0] * len(dests)
+    rest = []
+    for rid in rids:
+        if (g := placed.get(rid)) in dests:
+            i = dests.index(g)
+            shares[i].append(rid)
+            tokens[i] += kv_tokens(rid)
+        else:
+            rest.append(rid)
+    for rid in sorted(rest, key=kv_tokens, reverse=True):
+        i = min(range(len(dests)), key=lambda j: (tokens[j], j))
+        shares[i].append(rid)
+        tokens[i] += kv_tokens(rid)
+    return shares
 
 
 class ChangeFailed(RuntimeError):
@@ -50,8 +77,12 @@ class Switcher:
         self.coordinator.warm(inst)
 
     # --- TP switches --------------------------------------------------------
-    def apply(self, change: LayoutChange, instances: dict[TpGroup, RemoteInstance]) -> None:
-        """Move every request of `change.sources` to `change.dests`; ChangeFailed if it could not."""
+    def apply(self, change: LayoutChange, instances: dict[TpGroup, RemoteInstance],
+              placed: Mapping[int, TpGroup] | None = None) -> None:
+        """Move every request of `change.sources` to `change.dests`; ChangeFailed if it could not.
+
+        `placed`: the destination the plan names for a request (the control
+        loop's, sent with the plan); a split sends each running request there."""
         sources = [(g, instances[g]) for g in change.sources if g in instances and not instances[g].closed]
         dests = [(g, instances[g]) for g in change.dests]
         held = {g: self._pause_and_list(g, inst) for g, inst in sources}
@@ -59,7 +90,7 @@ class Switcher:
             self._merge(sources, held, dests[0])
         else:
             (src_group, src), = sources or [(change.sources[0], None)]
-            self._split(src_group, src, held.get(src_group, []), dests)
+            self._split(src_group, src, held.get(src_group, []), dests, placed or {})
 
     def _pause_and_list(self, group: TpGroup, inst: RemoteInstance) -> list[int]:
         """Pause `inst`; its running requests. Its waiting ones are dropped for the agent to resend."""
@@ -83,10 +114,10 @@ class Switcher:
                 self._on_moved(held[g], dest_group)
 
     def _split(self, src_group: TpGroup, src: RemoteInstance | None, running: list[int],
-               dests: Sequence[tuple[TpGroup, RemoteInstance]]) -> None:
+               dests: Sequence[tuple[TpGroup, RemoteInstance]], placed: Mapping[int, TpGroup]) -> None:
         if src is None or not running:
             return
-        shares = self._balance(running, len(dests))
+        shares = split_shares(running, [g for g, _ in dests], placed, self._kv_tokens)
         done: list[tuple[TpGroup, RemoteInstance, list[int]]] = []
         try:
             for (g, inst), rids in zip(dests, shares):
@@ -106,16 +137,6 @@ class Switcher:
                 self._on_moved(rids, src_group)
             except (SwitchError, RemoteOpFailed) as e:  # they keep running where they are; the agent still knows where
                 log.error("undoing a split: %d request(s) stay on TP%d%s: %s", len(rids), g.tp, list(g.devices), e)
-
-    def _balance(self, rids: list[int], n: int) -> list[list[int]]:
-        """Requests split into `n` shares of about equal KV (largest first)."""
-        shares: list[list[int]] = [[] for _ in range(n)]
-        tokens = [0] * n
-        for rid in sorted(rids, key=self._kv_tokens, reverse=True):
-            i = min(range(n), key=lambda j: (tokens[j], j))
-            shares[i].append(rid)
-            tokens[i] += self._kv_tokens(rid)
-        return shares
 
     # --- prefill -> decode --------------------------------------------------
     def hand_off(self, src_group: TpGroup, src: RemoteInstance, rids: list[int], dest_group: TpGroup,

@@ -349,6 +349,7 @@ impl Dispatcher {
                 loads.entry(s.key).or_default().add(s.load);
             }
         }
+        self.adopt_roles(plan);
         self.num_tiers = tiers.len();
         self.tier_is_background = tiers.tiers().iter().map(|t| t.background).collect();
         self.slot_of.clear();
@@ -396,6 +397,32 @@ impl Dispatcher {
         self.lender_prefill = (0..tiers.len()).map(|t| lenders(t, Role::takes_prefill)).collect();
         self.lender_decode = (0..tiers.len()).map(|t| lenders(t, |r| r == Role::Decode)).collect();
         self.retired = loads;
+    }
+
+    /// A group the plan keeps at its place under a new role keeps its
+    /// requests (its process runs on): their charges take the new role.
+    fn adopt_roles(&mut self, plan: &Plan) {
+        let roles: FxHashMap<GroupKey, Role> = plan.groups.iter().map(|g| (g.key(), g.role)).collect();
+        let mut changed = Vec::new();
+        for c in self.in_flight.values_mut() {
+            if let Some(&role) = roles.get(&c.key) {
+                if role != c.role {
+                    // Still to prefill: it claims a decode slot on a prefill-only group.
+                    if c.load.tokens > 0 && (role == Role::Prefill || c.role == Role::Prefill) {
+                        changed.push((c.tier, c.key, role == Role::Prefill));
+                    }
+                    c.role = role;
+                }
+            }
+        }
+        for (tier, key, now_prefill_only) in changed {
+            if now_prefill_only {
+                let node = self.node(key.0);
+                *self.prefilling.entry((tier, node)).or_default() += 1;
+            } else {
+                self.prefilled(tier, key);
+            }
+        }
     }
 
     /// Dispatches a new request's prefill. `prefill_groups`: whether the
@@ -709,6 +736,8 @@ fn round_robin(candidates: &[usize], cursor: &mut usize) -> Option<usize> {
     *cursor = cursor.wrapping_add(1);
     Some(i)
 }
+
+mod settle;
 
 #[cfg(test)]
 mod tests;

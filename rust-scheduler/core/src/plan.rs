@@ -36,6 +36,11 @@ impl Role {
     pub fn takes_prefill(self) -> bool {
         matches!(self, Role::Prefill | Role::Colocated)
     }
+
+    /// Whether prefilled requests decode here.
+    pub fn decodes(self) -> bool {
+        matches!(self, Role::Decode | Role::Colocated)
+    }
 }
 
 impl fmt::Display for Role {

@@ -27,6 +27,15 @@ pub struct DevicePlan {
     pub token_cap: u32,
 }
 
+/// A request on a group an `apply_plan` stops, and the group of the new
+/// plan (in the agent's numbering, over the same devices) its TP switch
+/// moves it to: the control loop's decision (`ControlLoop::window`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanMove {
+    pub id: u64,
+    pub tp_group: GroupKey,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ClientMsg {
@@ -58,6 +67,8 @@ pub enum ClientMsg {
     ApplyPlan {
         plan_id: u64,
         devices: Vec<DevicePlan>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        moves: Vec<PlanMove>,
     },
     Stats,
     Ping,
@@ -259,6 +270,22 @@ mod tests {
         assert!(e.contains("vip") && e.contains("best_effort"), "{e}");
         let m = ClientMsg::HandOff { id: 7, group: (2, 2) };
         assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
+        // A plan's moves: a list of {id, tp_group} maps (what `parse_apply_plan` reads), left out when empty.
+        let m = ClientMsg::ApplyPlan {
+            plan_id: 4,
+            devices: Vec::new(),
+            moves: vec![PlanMove { id: 7, tp_group: (0, 2) }],
+        };
+        assert_eq!(decode::<ClientMsg>(&encode(&m)).unwrap(), m);
+        let wire: serde_json::Value = rmp_serde::from_slice(&encode(&m)).unwrap();
+        assert_eq!(wire["moves"], serde_json::json!([{"id": 7, "tp_group": [0, 2]}]));
+        let none = ClientMsg::ApplyPlan {
+            plan_id: 4,
+            devices: Vec::new(),
+            moves: Vec::new(),
+        };
+        let wire: serde_json::Value = rmp_serde::from_slice(&encode(&none)).unwrap();
+        assert!(wire.get("moves").is_none(), "{wire}");
         for m in [
             AgentMsg::Pong,
             AgentMsg::PlanApplied(PlanApplied {

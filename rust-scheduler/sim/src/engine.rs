@@ -23,7 +23,9 @@ pub struct GroupSpec {
     pub role: Role,
     pub tier: Option<TierId>,
     pub batch_cap: u32,
-    /// Prompt tokens per iteration (chunk size); unused by decode groups.
+    /// Prompt tokens per iteration (chunk size); 0: no limit, as in the
+    /// worker (a decode group's: it prefills only what an earlier role of
+    /// its GPUs left it).
     pub token_cap: u32,
 }
 
@@ -32,9 +34,11 @@ impl GroupSpec {
         (self.first_gpu, self.tp)
     }
 
-    /// Same GPUs, role and tier: the group survives a plan change.
+    /// Same GPUs at the same TP: the group survives a plan change, its
+    /// requests with it, whatever its new role and tier (in production the
+    /// same process runs on, told only its new caps).
     pub fn same_place(&self, other: &GroupSpec) -> bool {
-        self.first_gpu == other.first_gpu && self.tp == other.tp && self.role == other.role && self.tier == other.tier
+        self.key() == other.key()
     }
 }
 
@@ -135,11 +139,7 @@ impl GroupSim {
     }
 
     pub fn start_iteration(&mut self, _now: f64, profile: &Profile, reqs: &[TraceRequest], progress: &[Progress]) -> Option<f64> {
-        let mut budget = if self.spec.role == Role::Decode {
-            0
-        } else {
-            self.spec.token_cap.max(1)
-        };
+        let mut budget = if self.spec.token_cap == 0 { u32::MAX } else { self.spec.token_cap };
         self.decode_now.clear();
         self.prefill_now.clear();
         let cap = self.spec.batch_cap as usize;

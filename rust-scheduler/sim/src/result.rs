@@ -21,8 +21,9 @@ pub enum ControlEvent {
     Handoff { time_s: f64, request: u32, route: Option<Route> },
     /// It left (finished, or shed after admission).
     Finish { time_s: f64, request: u32 },
-    /// A request moved off a stopping group (not a gateway event).
-    Migrate { time_s: f64, request: u32 },
+    /// A request moved off a stopping group to `route` (the gateway sends
+    /// it with the plan: `apply_plan`'s moves).
+    Migrate { time_s: f64, request: u32, route: Route },
     /// A control window; the new configuration when it changed.
     Window { time_s: f64, groups: Option<Vec<GroupSpec>> },
 }

@@ -404,7 +404,7 @@ impl Sim<'_> {
             let prefilled = self.progress[i as usize].prefilled == self.ctx.reqs[i as usize].prompt_tokens;
             let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
             let time_s = self.now;
-            self.record(|| ControlEvent::Migrate { time_s, request: i });
+            self.record(|| ControlEvent::Migrate { time_s, request: i, route });
             return self.place(i, route, 0.0);
         };
         if kv_reservation(&self.ctx.reqs[i as usize]) > self.groups[g].kv_capacity {
@@ -504,7 +504,7 @@ impl Sim<'_> {
             let prefilled = self.progress[i as usize].prefilled == self.ctx.reqs[i as usize].prompt_tokens;
             let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
             let time_s = self.now;
-            self.record(|| ControlEvent::Migrate { time_s, request: i });
+            self.record(|| ControlEvent::Migrate { time_s, request: i, route });
             self.place(i, route, 0.0);
         }
         for i in running {
@@ -513,7 +513,7 @@ impl Sim<'_> {
             let prefilled = p.prefilled == self.ctx.reqs[i as usize].prompt_tokens;
             let route = self.policy.route_migrated(&self.ctx, i, prefilled, self.now, &self.groups);
             let time_s = self.now;
-            self.record(|| ControlEvent::Migrate { time_s, request: i });
+            self.record(|| ControlEvent::Migrate { time_s, request: i, route });
             let tokens = u64::from(p.prefilled) + u64::from(p.generated);
             let delay = self.transfer_s(tokens);
             self.place(i, route, delay);

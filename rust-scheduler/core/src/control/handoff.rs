@@ -63,6 +63,10 @@ impl HandoffQueue {
         self.per_tier[tier].pop_front().map(|w| w.id)
     }
 
+    pub fn contains(&self, id: u64) -> bool {
+        self.per_tier.iter().any(|q| q.iter().any(|w| w.id == id))
+    }
+
     /// Removes a waiter (cancelled); whether it was waiting.
     pub fn remove(&mut self, id: u64) -> bool {
         for q in &mut self.per_tier {

@@ -10,8 +10,10 @@
 //!   group, or `Wait` for a decode slot (granted later by `finish` or
 //!   `window`, shed once the wait would spend its TPOT budget);
 //! - `finish` when it ends (completed, failed or shed);
-//! - `window` every control window → the plan to run (changed or not) and
-//!   the hand-offs granted or shed meanwhile.
+//! - `window` every control window → the plan to run (changed or not), the
+//!   new group of each request whose group it stopped (`settled`: the
+//!   caller moves them there with the switch), and the hand-offs granted or
+//!   shed meanwhile.
 //!
 //! Overload policy: a tier's planned capacity is a budget. A request its
 //! tier's groups cannot take within the SLO budget is shed at the door (the
@@ -121,6 +123,9 @@ pub struct WindowOutcome {
     pub commands: Vec<GpuCommand>,
     pub stats: Vec<TierStats>,
     pub estimates: Vec<TierEstimate>,
+    /// Requests on groups the new plan stopped, each with the group over
+    /// the same GPUs it goes to (`Dispatcher::settle_stopped`), by id.
+    pub settled: Vec<(u64, Decision)>,
     pub released: Released,
 }
 
@@ -273,18 +278,10 @@ impl ControlLoop {
         self.place(id, tier, prompt_tokens, down)
     }
 
-    /// Places a request again, not a new arrival: its group stopped before
-    /// it was prefilled (its queue entry moves as metadata), or failed under
-    /// it (`down`: groups not to use). What it held comes back first.
-    ///
-    /// Not yet one rule for both callers: the simulator calls this when a
-    /// TP switch stops a group with requests waiting on it, but in
-    /// production the node agent moves those itself (`worker/agent.py`,
-    /// `_settle`: to the least-loaded new group on the same devices, any
-    /// tier's, never shed), and the gateway calls this only to retry after
-    /// a worker failure. For such requests replay may shed what production
-    /// serves late, and place on the tier's groups what production leaves
-    /// on another tier's.
+    /// Places a request again, not a new arrival: its group failed under it
+    /// (`down`: groups not to use), or stopped with no group of the new
+    /// plan over its GPUs (else `window` settled it there). What it held
+    /// comes back first.
     pub fn readmit(&mut self, id: u64, tier: TierId, prompt_tokens: u32, down: &[GroupKey]) -> Result<Admission, DispatchError> {
         self.handoffs.remove(id);
         let _ = self.dispatcher.complete(id);
@@ -442,6 +439,7 @@ impl ControlLoop {
                 commands: Vec::new(),
                 stats,
                 estimates: Vec::new(),
+                settled: Vec::new(),
                 released: self.take_released(now_s),
             });
         };
@@ -452,8 +450,11 @@ impl ControlLoop {
         // A fresh planner (after a health change) adopts its first plan.
         let layout_changed = outcome.changed || !same_layout(&plan, &self.plan);
         let plan_changed = layout_changed || plan != self.plan;
+        let mut settled = Vec::new();
         if plan_changed {
             self.dispatcher.set_plan(&self.tiers, &plan);
+            let handoffs = &self.handoffs;
+            settled = self.dispatcher.settle_stopped(|id| handoffs.contains(id));
             self.plan = plan.clone();
             self.plan_id += 1;
         }
@@ -465,6 +466,7 @@ impl ControlLoop {
             commands,
             stats,
             estimates: outcome.estimates,
+            settled,
             released,
         })
     }

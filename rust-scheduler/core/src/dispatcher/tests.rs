@@ -318,3 +318,85 @@ fn a_prompt_goes_only_to_a_group_that_can_prefill_it_in_time() {
     );
     assert!(!d.is_in_flight(3));
 }
+
+/// A TP2 group on GPUs `first`, `first + 1`.
+fn tp2(tier: usize, role: Role, first: u32) -> GroupPlan {
+    GroupPlan {
+        tp: 2,
+        ..group(tier, role, first, 1000)
+    }
+}
+
+#[test]
+fn a_split_settles_prefilled_requests_on_decode_and_waiting_ones_on_prefill_over_the_same_gpus() {
+    let t = tiers();
+    let mut d = Dispatcher::new(&t, &plan(vec![tp2(0, Role::Colocated, 0), group(1, Role::Colocated, 2, 1000)]));
+    d.dispatch(1, 0, 100, true).unwrap();
+    d.dispatch(2, 0, 100, true).unwrap();
+    assert_eq!(d.prefill_done(1), Ok(false));
+    let kept = d.dispatch(3, 1, 100, true).unwrap();
+    assert_eq!(kept.key(), (2, 1));
+    // The TP2 group splits into a prefill and a decode group; GPU 2 stays.
+    d.set_plan(
+        &t,
+        &plan(vec![
+            group(0, Role::Prefill, 0, 1000),
+            group(0, Role::Decode, 1, 1000),
+            group(1, Role::Colocated, 2, 1000),
+        ]),
+    );
+    let settled = d.settle_stopped(|_| false);
+    let at = |id: u64| {
+        settled
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, dec)| (dec.key(), dec.class, dec.charge))
+    };
+    assert_eq!(settled.len(), 2);
+    assert_eq!(at(1), Some(((1, 1), DispatchClass::Feasible, 0)));
+    assert_eq!(at(2), Some(((0, 1), DispatchClass::Feasible, 100)));
+    assert_eq!(d.load_of((1, 1)), Load { tokens: 0, slots: 1 });
+    assert_eq!(d.load_of((0, 1)), Load { tokens: 100, slots: 0 });
+    assert_eq!(d.load_of((0, 2)), Load::default());
+    assert_eq!(d.group_of(3), Some((2, 1)));
+    // Settled once: a second call moves nothing.
+    assert!(d.settle_stopped(|_| false).is_empty());
+}
+
+#[test]
+fn a_merge_settles_everything_on_the_merged_group_even_another_tiers() {
+    let t = tiers();
+    let mut d = Dispatcher::new(
+        &t,
+        &plan(vec![group(0, Role::Colocated, 0, 1000), group(0, Role::Colocated, 1, 1000)]),
+    );
+    d.dispatch(1, 0, 100, true).unwrap();
+    d.dispatch(2, 0, 100, true).unwrap();
+    assert_eq!(d.prefill_done(2), Ok(false));
+    let held = d.dispatch(3, 0, 100, true).unwrap().key();
+    // The background tier's TP2 group is all the new plan has over them.
+    d.set_plan(&t, &plan(vec![tp2(1, Role::Colocated, 0)]));
+    // A request held by no group (waiting for a decode slot) stays put.
+    let settled = d.settle_stopped(|id| id == 3);
+    let keys: Vec<_> = settled.iter().map(|(id, dec)| (*id, dec.key(), dec.class)).collect();
+    assert_eq!(
+        keys,
+        vec![(1, (0, 2), DispatchClass::BestEffort), (2, (0, 2), DispatchClass::BestEffort)]
+    );
+    assert_eq!(d.load_of((0, 2)), Load { tokens: 100, slots: 2 });
+    assert_eq!(d.group_of(3), Some(held));
+}
+
+#[test]
+fn a_group_kept_under_a_new_role_keeps_its_requests_in_that_role() {
+    let t = tiers();
+    let mut d = Dispatcher::new(&t, &plan(vec![group(0, Role::Colocated, 0, 1000), group(0, Role::Decode, 1, 1000)]));
+    d.dispatch(1, 0, 100, true).unwrap();
+    // GPU 0 turns prefill-only: the request stays, and its first token now
+    // needs a decode slot elsewhere.
+    d.set_plan(&t, &plan(vec![group(0, Role::Prefill, 0, 1000), group(0, Role::Decode, 1, 1000)]));
+    assert!(d.settle_stopped(|_| false).is_empty());
+    assert_eq!(d.group_of(1), Some((0, 1)));
+    assert_eq!(d.prefill_done(1), Ok(true));
+    assert_eq!(d.dispatch_decode(1, false).unwrap().map(|x| x.key()), Some((1, 1)));
+}

@@ -60,6 +60,9 @@ struct Held {
     key: GroupKey,
     tier: TierId,
     on_shed: Option<oneshot::Sender<ApiError>>,
+    /// A plan change moved it to `key` (its group stopped), and its agent
+    /// has not yet applied a plan with that move.
+    moving: bool,
 }
 
 /// The requests placed and not ended, by id.
@@ -72,7 +75,40 @@ impl Holders {
     /// The request now runs on `key` (a new placement replaces the old one:
     /// only a request without a first token is placed again).
     pub fn placed(&mut self, id: u64, key: GroupKey, tier: TierId) {
-        self.held.insert(id, Held { key, tier, on_shed: None });
+        self.held.insert(
+            id,
+            Held {
+                key,
+                tier,
+                on_shed: None,
+                moving: false,
+            },
+        );
+    }
+
+    /// A plan change stopped the request's group: the core settled it on
+    /// `key`, where its agent's TP switch is to move it.
+    pub fn settled(&mut self, id: u64, key: GroupKey) {
+        if let Some(h) = self.held.get_mut(&id) {
+            h.key = key;
+            h.moving = true;
+        }
+    }
+
+    /// The moves not yet applied, by request id, with their groups.
+    pub fn moves(&self) -> Vec<(u64, GroupKey)> {
+        let mut out: Vec<(u64, GroupKey)> = self.held.iter().filter(|(_, h)| h.moving).map(|(&id, h)| (id, h.key)).collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// An agent applied a plan with the moves to its groups (`on_agent`).
+    pub fn moves_applied(&mut self, on_agent: impl Fn(GroupKey) -> bool) {
+        for h in self.held.values_mut() {
+            if h.moving && on_agent(h.key) {
+                h.moving = false;
+            }
+        }
     }
 
     /// The request ended (or left its group to be placed again).

@@ -153,12 +153,18 @@ impl Control {
         self.send_plan(push).await;
     }
 
-    /// The core's window: a new plan maybe, and the hand-off waits it let go.
+    /// The core's window: a new plan maybe (with the new groups of the
+    /// requests whose groups it stops), and the hand-off waits it let go.
     fn window(&self, s: &mut State, orders: &mut Vec<Order>) {
         let before = s.control.plan_id();
         let now = self.now_s();
         let released = match s.control.window(now, None) {
-            Ok(outcome) => outcome.released,
+            Ok(outcome) => {
+                for (id, d) in outcome.settled {
+                    s.holders.settled(id, d.key());
+                }
+                outcome.released
+            }
             Err(e) => {
                 log::warn!("planner step failed: {e}");
                 s.control.take_released(now)

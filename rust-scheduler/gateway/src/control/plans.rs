@@ -5,7 +5,7 @@
 use tiertp_scheduler::plan::Plan;
 
 use super::{Control, State};
-use crate::protocol::DevicePlan;
+use crate::protocol::{DevicePlan, PlanMove};
 
 /// How far a worker is with the plans sent to it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -21,6 +21,9 @@ pub(super) struct WorkerPlan {
 pub(super) struct PlanPush {
     plan_id: u64,
     per_worker: Vec<Vec<DevicePlan>>,
+    /// Where each agent's TP switches move the requests of the groups they
+    /// stop (the core's `settled`), in its numbering.
+    moves: Vec<Vec<PlanMove>>,
     targets: Vec<usize>,
 }
 
@@ -35,9 +38,18 @@ impl Control {
                 wp.connected && wp.applied != Some(plan_id) && wp.rejected != Some(plan_id)
             })
             .collect();
+        let mut moves = vec![Vec::new(); self.workers.len()];
+        for (id, key) in s.holders.moves() {
+            let w = self.nodes.worker_of(key.0);
+            moves[w].push(PlanMove {
+                id,
+                tp_group: self.nodes.local(w, key),
+            });
+        }
         PlanPush {
             plan_id,
             per_worker: self.device_plans(s.control.plan()),
+            moves,
             targets,
         }
     }
@@ -68,13 +80,15 @@ impl Control {
         let PlanPush {
             plan_id,
             mut per_worker,
+            mut moves,
             targets,
         } = push;
         let sends = targets.iter().map(|&w| {
             let devices = std::mem::take(&mut per_worker[w]);
+            let moves = std::mem::take(&mut moves[w]);
             let client = self.workers[w].clone();
             async move {
-                let answer = tokio::time::timeout(self.stats_timeout, client.apply_plan(plan_id, devices)).await;
+                let answer = tokio::time::timeout(self.stats_timeout, client.apply_plan(plan_id, devices, moves)).await;
                 (w, answer)
             }
         });
@@ -84,6 +98,7 @@ impl Control {
             match answer {
                 Ok(Ok(r)) if r.ok => {
                     s.workers[w].applied = Some(plan_id);
+                    s.holders.moves_applied(|key| self.nodes.worker_of(key.0) == w);
                     self.metrics.switch.observe(r.switch_ms / 1e3);
                 }
                 Ok(Ok(r)) => {

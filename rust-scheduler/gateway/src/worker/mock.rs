@@ -301,7 +301,9 @@ impl MockWorker {
                             d.hand_offs.push((id, group));
                             reply(AgentMsg::HandedOff(hand_off(&mut d, id, group, config.devices)));
                         }
-                        Ok(ClientMsg::ApplyPlan { plan_id, devices: plan }) => {
+                        Ok(ClientMsg::ApplyPlan {
+                            plan_id, devices: plan, ..
+                        }) => {
                             counters.plans.fetch_add(1, Ordering::Relaxed);
                             let n = config.devices;
                             let applied = match plan.iter().find(|p| p.device >= n) {

@@ -12,7 +12,7 @@ use tiertp_scheduler::dispatcher::DispatchClass;
 use tiertp_scheduler::plan::GroupKey;
 use tokio::sync::mpsc;
 
-use crate::protocol::{DevicePlan, PlanApplied, Sampling, StatsReply};
+use crate::protocol::{DevicePlan, PlanApplied, PlanMove, Sampling, StatsReply};
 
 #[derive(Debug, Clone, Error, PartialEq)]
 pub enum WorkerError {
@@ -87,6 +87,8 @@ pub trait WorkerClient: Send + Sync {
     /// request no longer in flight here. A move the agent cannot make is
     /// logged, and the request keeps decoding where it is.
     fn hand_off(&self, id: u64, group: GroupKey);
-    async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError>;
+    /// Applies the agent's share of a plan; `moves` says where its TP
+    /// switches take the requests of the groups it stops.
+    async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>, moves: Vec<PlanMove>) -> Result<PlanApplied, WorkerError>;
     async fn stats(&self) -> Result<StatsReply, WorkerError>;
 }

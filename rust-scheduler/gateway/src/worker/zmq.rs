@@ -23,7 +23,7 @@ use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessa
 
 use super::seal::{ControlKey, Direction, Session};
 use super::{Submit, TokenEvent, TokenStream, WorkerClient, WorkerError};
-use crate::protocol::{self, AgentMsg, ClientMsg, DevicePlan, HandOffFailure, HandedOff, PlanApplied, StatsReply};
+use crate::protocol::{self, AgentMsg, ClientMsg, DevicePlan, HandOffFailure, HandedOff, PlanApplied, PlanMove, StatsReply};
 
 struct Shared {
     name: String,
@@ -337,10 +337,10 @@ impl WorkerClient for ZmqWorker {
         }
     }
 
-    async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
+    async fn apply_plan(&self, plan_id: u64, devices: Vec<DevicePlan>, moves: Vec<PlanMove>) -> Result<PlanApplied, WorkerError> {
         let (tx, rx) = oneshot::channel();
         self.shared.plan_waiters.lock().unwrap().insert(plan_id, tx);
-        self.shared.send(&ClientMsg::ApplyPlan { plan_id, devices })?;
+        self.shared.send(&ClientMsg::ApplyPlan { plan_id, devices, moves })?;
         rx.await.map_err(|_| self.shared.died("connection lost before plan_applied"))
     }
 

@@ -1,13 +1,13 @@
 //! A node agent for tests that drive the gateway's control path in
 //! process (no sockets): it accepts every plan and records the hand-off and
-//! cancel orders it gets.
+//! cancel orders and the plans' moves it gets.
 
 #![allow(dead_code)]
 
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use tiertp_gateway::protocol::{DevicePlan, PlanApplied, StatsReply};
+use tiertp_gateway::protocol::{DevicePlan, PlanApplied, PlanMove, StatsReply};
 use tiertp_gateway::worker::{Submit, TokenStream, WorkerClient, WorkerError};
 use tiertp_scheduler::plan::GroupKey;
 
@@ -16,6 +16,8 @@ use tiertp_scheduler::plan::GroupKey;
 pub struct Recorder {
     pub hand_offs: Mutex<Vec<(u64, GroupKey)>>,
     pub cancels: Mutex<Vec<u64>>,
+    /// Every `apply_plan`'s moves, in order.
+    pub moves: Mutex<Vec<(u64, GroupKey)>>,
 }
 
 #[async_trait]
@@ -35,7 +37,8 @@ impl WorkerClient for Recorder {
     fn hand_off(&self, id: u64, group: GroupKey) {
         self.hand_offs.lock().unwrap().push((id, group));
     }
-    async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>) -> Result<PlanApplied, WorkerError> {
+    async fn apply_plan(&self, plan_id: u64, _devices: Vec<DevicePlan>, moves: Vec<PlanMove>) -> Result<PlanApplied, WorkerError> {
+        self.moves.lock().unwrap().extend(moves.into_iter().map(|m| (m.id, m.tp_group)));
         Ok(PlanApplied {
             plan_id,
             ok: true,

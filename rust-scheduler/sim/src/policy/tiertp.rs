@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 use tiertp_scheduler::control::{Admission, ControlConfig, ControlLoop, Handoff, Released, ShedReason};
 use tiertp_scheduler::dispatcher::Decision;
@@ -39,6 +40,9 @@ pub struct Tiertp {
     /// with the next `take_released` (the gateway hands a window's to its
     /// holders the same way).
     window_released: Released,
+    /// Where the loop moved each request of a group a plan change stopped
+    /// (`WindowOutcome::settled`), until the group hands it over.
+    settled: FxHashMap<u64, Decision>,
 }
 
 /// The control loop's settings for a simulated run of `variant`: the
@@ -84,6 +88,7 @@ impl Tiertp {
             switch,
             layout,
             window_released: Released::default(),
+            settled: FxHashMap::default(),
         })
     }
 
@@ -164,6 +169,7 @@ impl Policy for Tiertp {
         let known = (self.variant == Variant::Oracle).then_some(future);
         let out = self.control.window(now, known).ok()?;
         self.window_released.append(out.released);
+        self.settled.extend(out.settled);
         out.plan_changed.then(|| Self::specs(&out.plan))
     }
 
@@ -190,6 +196,13 @@ impl Policy for Tiertp {
 
     fn route_migrated(&mut self, ctx: &Ctx, i: u32, prefilled: bool, now: f64, _groups: &[GroupSim]) -> Route {
         let id = u64::from(i);
+        // Settled by the plan change, and not moved since (a hand-off).
+        if let Some(d) = self.settled.remove(&id) {
+            if self.control.dispatcher().group_of(id) == Some(d.key()) {
+                return Self::decision(d);
+            }
+        }
+        // No group of the new plan over its GPUs: placed anew.
         let placed = if prefilled {
             self.control
                 .relocate(id, now)
@@ -202,6 +215,7 @@ impl Policy for Tiertp {
     }
 
     fn on_finish(&mut self, i: u32, now: f64) {
+        self.settled.remove(&u64::from(i));
         self.control.finish(u64::from(i), now);
     }
 
