@@ -26,7 +26,9 @@ A plan that changes TP groups is a TP switch (tiertp.worker.switcher): the
 groups it removes and adds fall into merges and splits
 (tiertp.worker.layout_change), each run by the switching coordinator over
 the processes' instances (tiertp.worker.remote_instance): pause, KV
-migration, resume in the new group; waiting requests move as metadata. If
+migration, resume in the new group; waiting requests move as metadata. Each
+request goes to the new group the plan's `moves` name for it (the client's
+control loop decides), one the plan does not name to one over its devices. If
 any part fails, the parts done are undone, the old assignments stay and the
 plan is rejected with the reason.
 

@@ -187,32 +187,30 @@ def parse_hand_off(msg: dict) -> HandOff:
     return HandOff(rid, _group(_field(msg, "group", where), "group", where))
 
 
+def _maps(items: Any, name: str, where: str) -> list[tuple[str, dict]]:
+    """The maps of list field `name`, each with where it is (for errors)."""
+    if not isinstance(items, (list, tuple)):
+        raise P.ProtocolError(f"{where}: {name} must be a list, got {type(items).__name__}")
+    out = []
+    for i, d in enumerate(items):
+        w = f"{where}: {name}[{i}]"
+        if not isinstance(d, dict):
+            raise P.ProtocolError(f"{w} must be a map, got {type(d).__name__}")
+        out.append((w, d))
+    return out
+
+
 def parse_apply_plan(msg: dict) -> ApplyPlan:
     plan_id = _int(_field(msg, "plan_id", "apply_plan"), "plan_id", "apply_plan")
     where = f"apply_plan {plan_id}"
-    devices = _field(msg, "devices", where)
-    if not isinstance(devices, (list, tuple)):
-        raise P.ProtocolError(f"{where}: devices must be a list, got {type(devices).__name__}")
-    out = []
-    for i, d in enumerate(devices):
-        w = f"{where}: devices[{i}]"
-        if not isinstance(d, dict):
-            raise P.ProtocolError(f"{w} must be a map, got {type(d).__name__}")
-        out.append(DevicePlan(
-            device=_int(_field(d, "device", w), "device", w),
-            role=_one_of(_field(d, "role", w), "role", w, P.ROLES),
-            tier=_str(_field(d, "tier", w), "tier", w),
-            tp_group=_group(_field(d, "tp_group", w), "tp_group", w),
-            batch_cap=_int(_field(d, "batch_cap", w), "batch_cap", w, lo=1, hi=2**32 - 1),
-            token_cap=_int(_field(d, "token_cap", w), "token_cap", w, hi=2**32 - 1),
-        ))
-    moves = msg.get("moves", [])
-    if not isinstance(moves, (list, tuple)):
-        raise P.ProtocolError(f"{where}: moves must be a list, got {type(moves).__name__}")
-    placed = []
-    for i, m in enumerate(moves):
-        w = f"{where}: moves[{i}]"
-        if not isinstance(m, dict):
-            raise P.ProtocolError(f"{w} must be a map, got {type(m).__name__}")
-        placed.append(PlanMove(_int(_field(m, "id", w), "id", w), _group(_field(m, "tp_group", w), "tp_group", w)))
-    return ApplyPlan(plan_id, tuple(out), tuple(placed))
+    devices = tuple(DevicePlan(
+        device=_int(_field(d, "device", w), "device", w),
+        role=_one_of(_field(d, "role", w), "role", w, P.ROLES),
+        tier=_str(_field(d, "tier", w), "tier", w),
+        tp_group=_group(_field(d, "tp_group", w), "tp_group", w),
+        batch_cap=_int(_field(d, "batch_cap", w), "batch_cap", w, lo=1, hi=2**32 - 1),
+        token_cap=_int(_field(d, "token_cap", w), "token_cap", w, hi=2**32 - 1),
+    ) for w, d in _maps(_field(msg, "devices", where), "devices", where))
+    moves = tuple(PlanMove(_int(_field(m, "id", w), "id", w), _group(_field(m, "tp_group", w), "tp_group", w))
+                  for w, m in _maps(msg.get("moves", []), "moves", where))
+    return ApplyPlan(plan_id, devices, moves)
