@@ -250,7 +250,8 @@ impl Planner {
     /// enumeration (`layout_search`): the greedy's headroom rules are for
     /// demand it covers. Earlier candidates win ties. Where they leave
     /// demand unserved, a pool of every tier across their weights
-    /// (`sharing::whole_pool`) is weighed apart (`across_weights`).
+    /// (`sharing::whole_pool`) is weighed too, with the starvation rule
+    /// first (`across_weights`).
     fn best_proposal(&self, estimates: &[TierEstimate]) -> Plan {
         let tiers = self.tiers.tiers();
         let best = |candidates: Vec<Plan>| {
@@ -568,20 +569,23 @@ struct Basis<'a> {
 }
 
 /// `best` against `pooled`, a plan that pools every tier across their
-/// weights: taken only where it leaves fewer SLO tiers with demand without
-/// SLO capacity than `best`. None may be left without, and the host's SLO
-/// can need a group that per-tier groups leave no room for (five tiers on
-/// 8 A100, 14B: voice decodes in time only at TP8). Taken by the
-/// objective as well, it served five tiers on 8 H100 at 120 req/s 98.4
-/// req/s where per-tier groups served 79.4; but at a load drop it replaced
-/// a background tier's group, whose queued requests then found no spare
-/// room and were shed (4 A100, weights 2 / 1 / 0.5: 41.3 -> 30.3 req/s at
-/// 80 req/s). A background request whose group stops needs a place to
-/// wait before such a pool may be valued like any other plan.
+/// weights: taken where it leaves fewer SLO tiers with demand without SLO
+/// capacity than `best`, or as few and it is worth more. None may be left
+/// without, and the host's SLO can need a group that per-tier groups
+/// leave no room for (five tiers on 8 A100, 14B: voice decodes in time
+/// only at TP8). Valued like any other plan, it lets tiers of unequal
+/// weights share groups where groups of their own each run half empty
+/// (five tiers on 8 H100 at 120 req/s: 78.5 -> 98.5 req/s). Where it
+/// replaces a background tier's group, the requests queued there move to
+/// a new group over the same GPUs (`Dispatcher::settle_stopped`); placed
+/// anew against the pool's budgets they were shed (4 A100, weights 2 / 1
+/// / 0.5, at a load drop: 41.3 -> 30.3 req/s at 80 req/s).
 fn across_weights(tiers: &[Tier], estimates: &[TierEstimate], best: Plan, pooled: Plan) -> Plan {
     // A background tier takes spare room wherever it has no group.
     let starved = |plan: &Plan| commit::starved_tiers(estimates, plan).filter(|&t| !tiers[t].background).count();
-    if starved(&pooled) < starved(&best) {
+    let (pooled_starves, best_starves) = (starved(&pooled), starved(&best));
+    let worth_more = || objective(tiers, estimates, &pooled) > objective(tiers, estimates, &best) * (1.0 + 1e-9);
+    if pooled_starves < best_starves || (pooled_starves == best_starves && worth_more()) {
         pooled
     } else {
         best

@@ -15,8 +15,9 @@
 //! plan may still pool every tier on its groups where its SLO meets all
 //! of theirs (`whole_pool`): the plan names the members
 //! (`Plan::pooled_on`) and the dispatcher puts them there. Such a pool is
-//! taken only where it serves an SLO tier the other proposals leave
-//! nothing (`Planner::best_proposal`).
+//! weighed where the other proposals leave demand unserved, and taken
+//! where it leaves fewer SLO tiers without capacity, or as few and is
+//! worth more (`Planner::best_proposal`).
 //!
 //! A pooled plan's groups belong to the host and are sized by the host's
 //! estimate for the merged load (their budgets hold the host's SLO for

@@ -442,6 +442,28 @@ fn a_tier_worth_more_hosts_everyone_where_groups_of_their_own_would_leave_it_non
 }
 
 #[test]
+fn a_pool_across_weights_is_taken_where_it_is_worth_more_though_groups_of_their_own_starve_no_one() {
+    // Chat is worth twice the others, so it lends agent and batch nothing
+    // at dispatch. On 4 GPUs a group for each tier starves no SLO tier,
+    // but runs each half empty; one pair of chat's for all serves more.
+    let tiers = vec![
+        Tier::slo_tier("chat", 300.0, 10.0, 2.0),
+        Tier::slo_tier("agent", 300.0, 20.0, 1.0),
+        Tier::background_tier("batch", 0.5),
+    ];
+    let mut p = planner(tiers, 4);
+    let stats = [
+        TierStats::new(9.0, 1200.0, 200.0),
+        TierStats::new(15.0, 1200.0, 200.0),
+        TierStats::new(6.0, 1200.0, 200.0),
+    ];
+    let out = p.step(&stats).unwrap();
+    assert_eq!(out.plan.pooled_on, vec![None, Some(0), Some(0)], "{:?}", out.plan);
+    assert!(out.plan.groups.iter().all(|g| g.tier == 0), "{:?}", out.plan);
+    assert!(out.plan.tier_capacity_rps[..2].iter().all(|&c| c > 0.0), "{:?}", out.plan);
+}
+
+#[test]
 fn pool_members_are_credited_their_share_of_what_the_pool_serves() {
     let p = planner(
         vec![Tier::slo_tier("chat", 300.0, 15.0, 1.0), Tier::slo_tier("agent", 600.0, 30.0, 1.0)],
