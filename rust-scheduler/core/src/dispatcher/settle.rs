@@ -14,7 +14,7 @@
 //! decision with the plan (`apply_plan`'s `moves`) and the node agent moves
 //! the request there.
 
-use super::{least_full, Decision, DispatchClass, Dispatcher, Load, Slot};
+use super::{least_full, Decision, DispatchClass, Dispatcher, Load};
 use crate::plan::{GroupKey, Role};
 use crate::tiers::TierId;
 
@@ -59,19 +59,22 @@ impl Dispatcher {
         out
     }
 
+    /// The least full planned group over `from`'s GPUs of the best kind
+    /// there: one of `tier`'s for the request's next phase, else any that
+    /// does that phase, else any.
     fn settle_target(&self, tier: TierId, from: GroupKey, prefilled: bool) -> Option<usize> {
-        let over: Vec<usize> = (0..self.slots.len()).filter(|&i| overlaps(self.slots[i].key, from)).collect();
-        let fits_phase = |s: &Slot| if prefilled { s.role.decodes() } else { s.role.takes_prefill() };
-        let own: Vec<usize> = over.iter().copied().filter(|&i| self.serves(i, tier, prefilled)).collect();
-        let phase: Vec<usize> = over.iter().copied().filter(|&i| fits_phase(&self.slots[i])).collect();
-        let pick = if !own.is_empty() {
-            own
-        } else if !phase.is_empty() {
-            phase
-        } else {
-            over
+        let does_phase = |i: usize| {
+            let role = self.slots[i].role;
+            if prefilled {
+                role.decodes()
+            } else {
+                role.takes_prefill()
+            }
         };
-        least_full(&self.slots, pick.into_iter())
+        let kind = |i: usize| u8::from(!self.serves(i, tier, prefilled)) + u8::from(!does_phase(i));
+        let over = || (0..self.slots.len()).filter(|&i| overlaps(self.slots[i].key, from));
+        let best = over().map(kind).min()?;
+        least_full(&self.slots, over().filter(|&i| kind(i) == best))
     }
 
     /// Whether slot `i` is `tier`'s and does the request's next phase.
