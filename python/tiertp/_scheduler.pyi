@@ -159,6 +159,14 @@ class Dispatcher:
     def total_load(self) -> tuple[int, int]: ...
     def load_of(self, first_gpu: int, tp: int) -> tuple[int, int]: ...
 
+class NodeGroup:
+    """A group a node runs, as the node sees it for one request (`fallback_group`)."""
+
+    def __init__(self, first_gpu: int, tp: int, *, its_tier: bool, unplanned: bool, decode_only: bool,
+                 load: int) -> None: ...
+
+def fallback_group(groups: list[NodeGroup], over: tuple[int, int] | None = None) -> tuple[int, int] | None: ...
+
 class BatchPolicy:
     """Per-GPU-group local batch policy, called by the worker every iteration."""
 

@@ -59,9 +59,11 @@ import signal
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Iterable
 
 import zmq
 
+from tiertp import _scheduler
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 from tiertp.worker.gate import Gate
@@ -266,13 +268,22 @@ class Agent:
             # rejected it, e.g. a TP switch rolled back): route by tier instead.
             log.info("submit %d: group %s is not active here (active: %s); routing by tier", s.id,
                      s.group.as_list(), [g.as_list() for g in active])
-        # The dispatcher's rule (DESIGN.md §1): the tier's own groups, else any
-        # group as best effort. Groups no plan has given a tier serve every tier.
-        # New requests start where prefill runs: decode groups get them by hand-off.
-        own = [g for g in active if self.assign[g.first].tier == s.tier]
-        own = [g for g in own if self.assign[g.first].role != "decode"] or own
-        free = [g for g in active if self.assign[g.first].tier is None]
-        return min(own or free or active, key=lambda g: (self._load(g), g))
+        return self._fallback(s.tier, active)
+
+    def _fallback(self, tier: str, active: Iterable[TpGroup], over: TpGroup | None = None) -> TpGroup:
+        """Where the core's rule (`_scheduler.fallback_group`) puts a request of `tier` that the
+        gateway's placement cannot put here, among the `active` groups; `over`: the group a plan
+        change stopped under it."""
+        groups = []
+        for g in sorted(active):
+            a = self.assign.get(g.first)  # none: a group no plan has given a tier
+            planned = None if a is None else a.tier
+            groups.append(_scheduler.NodeGroup(g.first, g.tp, its_tier=planned == tier, unplanned=planned is None,
+                                               decode_only=a is not None and a.role == "decode", load=self._load(g)))
+        picked = _scheduler.fallback_group(groups, None if over is None else (over.first, over.tp))
+        if picked is None:
+            raise RuntimeError("the agent runs no TP group to place a request on")
+        return TpGroup(*picked)
 
     def _on_submit(self, client: bytes, msg: dict) -> None:
         arrived = time.monotonic()  # start_within_s counts from here
@@ -401,7 +412,7 @@ class Agent:
     def _settle(self, active: set[TpGroup], placed: dict[int, TpGroup] | None = None) -> None:
         """After a switch: instances of active groups (or holding requests) run, the others
         pause; requests whose group is no longer active go where the plan placed them, or,
-        if it did not name them, to the least-loaded active group that overlaps it."""
+        if it did not name them, where the core's fallback rule puts them (`_fallback`)."""
         holding = {r.group for r in self.requests.all() if r.sent}
         for g, inst in list(self.instances.items()):
             run = g in active or g in holding
@@ -419,8 +430,7 @@ class Agent:
             if (g := placed.get(req.rid)) in active:
                 req.group = g
                 continue
-            near = [g for g in active if set(g.devices) & set(req.group.devices)] or sorted(active)
-            req.group = min(near, key=lambda g: (self._load(g), g))
+            req.group = self._fallback(req.submit.tier, active, over=req.group)
         for req in self.requests.all():
             proc = self.procs.get(req.group)
             if not req.sent and proc is not None and proc.state == READY:

@@ -104,3 +104,39 @@ impl Dispatcher {
         (l.tokens, l.slots)
     }
 }
+
+/// A group a node runs, as the node sees it for one request
+/// (`fallback_group`).
+#[pyclass(module = "tiertp._scheduler", frozen)]
+#[derive(Clone, Copy)]
+pub struct NodeGroup {
+    inner: core::NodeGroup,
+}
+
+#[pymethods]
+impl NodeGroup {
+    #[new]
+    #[pyo3(signature = (first_gpu, tp, *, its_tier, unplanned, decode_only, load))]
+    fn new(first_gpu: u32, tp: u32, its_tier: bool, unplanned: bool, decode_only: bool, load: u64) -> Self {
+        Self {
+            inner: core::NodeGroup {
+                key: (first_gpu, tp),
+                its_tier,
+                unplanned,
+                decode_only,
+                load,
+            },
+        }
+    }
+}
+
+/// The group a node places a request on when the gateway's placement
+/// cannot be followed there, as (first_gpu, tp); `over`: the (first_gpu,
+/// tp) of the group a plan change stopped under it. None when `groups` is
+/// empty.
+#[pyfunction]
+#[pyo3(signature = (groups, over = None))]
+pub fn fallback_group(groups: Vec<NodeGroup>, over: Option<(u32, u32)>) -> Option<(u32, u32)> {
+    let groups: Vec<core::NodeGroup> = groups.iter().map(|g| g.inner).collect();
+    core::fallback_group(&groups, over)
+}

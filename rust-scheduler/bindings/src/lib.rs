@@ -32,6 +32,8 @@ fn _scheduler(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<planner::Planner>()?;
     m.add_class::<dispatch::Dispatcher>()?;
     m.add_class::<batch::BatchPolicy>()?;
+    m.add_class::<dispatch::NodeGroup>()?;
+    m.add_function(wrap_pyfunction!(dispatch::fallback_group, m)?)?;
     m.add_function(wrap_pyfunction!(planner::bench_scheduler, m)?)?;
     m.add_function(wrap_pyfunction!(sim::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(gateway::bench_gateway, m)?)?;

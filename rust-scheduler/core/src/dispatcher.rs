@@ -737,7 +737,10 @@ fn round_robin(candidates: &[usize], cursor: &mut usize) -> Option<usize> {
     Some(i)
 }
 
+mod fallback;
 mod settle;
+
+pub use fallback::{fallback_group, NodeGroup};
 
 #[cfg(test)]
 mod tests;

@@ -14,6 +14,7 @@
 //! decision with the plan (`apply_plan`'s `moves`) and the node agent moves
 //! the request there.
 
+use super::fallback::overlaps;
 use super::{least_full, Decision, DispatchClass, Dispatcher, Load};
 use crate::plan::{GroupKey, Role};
 use crate::tiers::TierId;
@@ -85,9 +86,4 @@ impl Dispatcher {
             self.tier_prefill[tier].contains(&i)
         }
     }
-}
-
-/// Whether two groups share a GPU.
-fn overlaps(a: GroupKey, b: GroupKey) -> bool {
-    a.0 < b.0 + b.1 && b.0 < a.0 + a.1
 }
