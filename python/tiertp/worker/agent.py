@@ -17,8 +17,9 @@ pair). With more than one level, each device's model is loaded once into a
 shared weight store (tiertp.worker.weight_stores) that all its processes
 map. The active groups are the current plan's; the others sit paused.
 
-Requests are routed to an active TP group (the submit's `group`, else the
-least loaded non-decode group of the request's tier, else any group as best
+Requests are routed to an active TP group (the submit's `group`, else where
+the core's fallback rule puts them, `_scheduler.fallback_group`: the least
+loaded non-decode group of the request's tier, else any group as best
 effort); a group whose process is not ready yet holds them and sends them
 when it is.
 
