@@ -40,13 +40,13 @@ impl NodeGroup {
 /// The group for the request (see the module doc); `over`: the group it
 /// was on, when a plan change stopped it. None when the node runs none.
 pub fn fallback_group(groups: &[NodeGroup], over: Option<GroupKey>) -> Option<GroupKey> {
-    let near = |g: &&NodeGroup| over.is_some_and(|o| overlaps(g.key, o));
-    let pool: Vec<&NodeGroup> = if groups.iter().any(|g| near(&g)) {
-        groups.iter().filter(near).collect()
-    } else {
-        groups.iter().collect()
-    };
-    pool.into_iter().min_by_key(|g| (g.kind(), g.load, g.key)).map(|g| g.key)
+    let near = |g: &NodeGroup| over.is_some_and(|o| overlaps(g.key, o));
+    let any_near = groups.iter().any(near);
+    groups
+        .iter()
+        .filter(|g| !any_near || near(g))
+        .min_by_key(|g| (g.kind(), g.load, g.key))
+        .map(|g| g.key)
 }
 
 /// Whether two groups share a GPU.
