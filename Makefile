@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export TIERTP_DATA ?= $(abspath ../shared/data)
 
-.PHONY: help setup run demo test test-rust test-python bench paper lint
+.PHONY: help setup run demo test test-rust test-python bench paper robustness lint
 
 help:  ## List targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,9 +44,14 @@ bench: setup  ## All benchmarks, one JSON object each on stdout
 # `make paper DURATION=60` replays 60 s per load instead of the presets' 600.
 DURATION ?=
 
-paper: setup  ## The paper's evaluation: every bench/ preset into bench/results/ (DURATION=S shortens), then the ablation
+paper: setup  ## The paper's evaluation: every bench/ preset into bench/results/ (DURATION=S shortens), then the ablation and the verdict
 	$(BIN)/tiertp replay --preset all $(if $(DURATION),--duration $(DURATION))
 	$(BIN)/tiertp replay --preset 14b-h100x8 --ablation
+	$(BIN)/tiertp replay --preset all --verdict
+
+robustness: setup  ## Settings beyond the paper's (bench/robustness.toml) into bench/results/robustness/, then their verdict
+	$(BIN)/tiertp replay --presets bench/robustness.toml --preset all --no-plots $(if $(DURATION),--duration $(DURATION))
+	$(BIN)/tiertp replay --presets bench/robustness.toml --preset all --verdict
 
 # Dead code: vulture at 80% confidence (unused imports, variables, unreachable
 # code) must find nothing; tools/vulture_whitelist.py lists its false positives.

@@ -94,12 +94,18 @@ def test_a_preset_file_is_checked(tmp_path):
         load_presets(write(tmp_path, GOOD.replace('tiers = "t.toml"\nrps = [10]', 'tiers = "nope.toml"\nrps = [10]')))
     with pytest.raises(FileNotFoundError, match="source checkout"):
         load_presets(tmp_path / "absent.toml")
+    with pytest.raises(ValueError, match="preset 'other': give the model as exactly one of `model`"):
+        load_presets(write(tmp_path, GOOD + 'config = "t.toml"\n'))
+    with pytest.raises(ValueError, match="preset 'other': model config .*absent.json does not exist"):
+        load_presets(write(tmp_path, GOOD.replace('model = "qwen2.5-14b"', 'config = "absent.json"')))
+    with pytest.raises(ValueError, match="preset 'other': tier fractions 'chat=0.7' sum to 0.7, not 1"):
+        load_presets(write(tmp_path, GOOD + 'tier_fractions = "chat=0.7"\n'))
 
 
 def cli_args(**given) -> argparse.Namespace:
     """What the replay parser leaves for the preset's arguments when no flag is given."""
     base = dict(trace=[], tiers=None, gpus=None, policies=None, rps=None, duration=None, gpu=None, model=None,
-                profile=None, out=None)
+                tier_fractions=None, profile=None, out=None, presets=presets.PRESETS_FILE)
     return argparse.Namespace(**{**base, **given})
 
 

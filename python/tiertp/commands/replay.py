@@ -22,6 +22,13 @@ The paper's settings, from bench/presets.toml in a source checkout (flags
 given override the preset's; the report goes to bench/results/NAME/ unless
 --out says otherwise; `--preset all` runs every preset):
   tiertp replay --preset 14b-h100x8 --duration 60 --rps 70
+The robustness grid, settings the paper does not evaluate (other SLO scales,
+GPUs, models, tier mixes and traces; reports under bench/results/robustness/),
+then the acceptance checks over every report it wrote:
+  tiertp replay --presets bench/robustness.toml --preset all --no-plots
+  tiertp replay --presets bench/robustness.toml --preset all --verdict
+Any finished reports (folders searched for report.json), judged the same way:
+  tiertp replay --verdict bench/results/
 The ablation chain of a finished report (runs nothing):
   tiertp replay --ablation bench/results/14b-h100x8 [--rps 70]
   tiertp replay --preset 14b-h100x8 --ablation
@@ -38,7 +45,8 @@ from tiertp.commands.load_arguments import (add_client_limit_arguments, add_leng
                                             workload_settings)
 from tiertp.number_types import non_negative_float, positive_float, positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
-from tiertp.replay import ablation, presets
+from tiertp.profiles import from_config
+from tiertp.replay import ablation, presets, verdict
 from tiertp.replay.driver import ReplayConfig, replay
 from tiertp.replay.policies import ALL
 from tiertp.replay.tier_configs import TIER_CONFIGS
@@ -56,8 +64,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pr = p.add_argument_group("presets and ablation")
     pr.add_argument("--preset", metavar="NAME",
-                    help=f"a setting of bench/presets.toml (source checkout only), or '{presets.ALL_PRESETS}'; "
+                    help=f"a setting of the presets file (source checkout only), or '{presets.ALL_PRESETS}'; "
                          "flags given override its values")
+    pr.add_argument("--verdict", nargs="*", type=Path, metavar="REPORT",
+                    help="judge finished reports (folders searched for report.json, or the files; none given, "
+                         "with --preset: the presets' results) by the acceptance checks, load by load; runs nothing")
+    pr.add_argument("--presets", type=Path, default=presets.PRESETS_FILE, metavar="FILE",
+                    help="presets file (default: bench/presets.toml, the paper's settings; "
+                         "bench/robustness.toml: settings beyond them)")
     pr.add_argument("--ablation", nargs="?", const="", metavar="REPORT",
                     help="print the paper's ablation chain from a finished report (folder or report.json; "
                          "default with --preset: the preset's results) at --rps (one load, default "
@@ -102,6 +116,8 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verdict is not None:
+        return run_verdict(args)
     if args.ablation is not None:
         return run_ablation(args)
     if args.preset:
@@ -119,10 +135,10 @@ def preset_args(args: argparse.Namespace, preset: presets.Preset, many: bool) ->
     report goes to bench/results/NAME/ (or OUT/NAME/ when one --out serves
     several presets)."""
     merged = preset.merged(vars(args))
-    if args.profile:  # --profile replaces the preset's shipped table
-        merged["gpu"], merged["model"] = args.gpu, args.model
+    if args.profile:  # --profile replaces the preset's model
+        merged["gpu"], merged["model"], merged["config"] = args.gpu, args.model, None
     if args.out is None:
-        out = presets.RESULTS_DIR / preset.name
+        out = presets.results_dir(args.presets) / preset.name
     else:
         out = args.out / preset.name if many else args.out
     return fill_defaults(argparse.Namespace(**{**vars(args), **merged, "out": out}))
@@ -131,9 +147,9 @@ def preset_args(args: argparse.Namespace, preset: presets.Preset, many: bool) ->
 def run_presets(args: argparse.Namespace) -> int:
     if args.live:
         raise ValueError("--preset names simulated clusters; it does not go with --live")
-    chosen = presets.select(args.preset)
+    chosen = presets.select(args.preset, args.presets)
     for preset in chosen:
-        a = preset_args(args, preset, many=len(chosen) > 1)
+        a = compose_profile(preset_args(args, preset, many=len(chosen) > 1))
         table = a.profile or f"{a.model} on {a.gpu}"
         print(f"== preset {preset.name}: {table}, {a.gpus} GPUs, {a.duration:g} s per load, "
               f"loads {','.join(f'{r:g}' for r in a.rps)} req/s -> {a.out}", flush=True)
@@ -143,12 +159,37 @@ def run_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def compose_profile(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` of a preset that names its model by a config.json, with the
+    profile composed for its GPU written into its report folder and named
+    by --profile; any other `args` as they are."""
+    if not args.config:
+        return args
+    out = args.out / f"profile-{Path(args.config).stem}-{args.gpu}.json"
+    _, problem = from_config.compose(Path(args.config), args.gpu, out)
+    if problem:
+        raise ValueError(f"the profile composed from {args.config} for {args.gpu} does not load: {problem}")
+    return argparse.Namespace(**{**vars(args), "profile": str(out), "gpu": None, "model": None})
+
+
+def run_verdict(args: argparse.Namespace) -> int:
+    if args.verdict:
+        sources = args.verdict
+    elif args.preset:
+        chosen = presets.select(args.preset, args.presets)
+        sources = [preset_args(args, p, many=len(chosen) > 1).out for p in chosen]
+    else:
+        raise ValueError("--verdict needs reports (--verdict DIR_OR_REPORT_JSON ...) or --preset NAME|all")
+    print(verdict.verdict_text(sources))
+    return 0
+
+
 def run_ablation(args: argparse.Namespace) -> int:
     if args.ablation:
         source = Path(args.ablation)
     elif args.preset and args.preset != presets.ALL_PRESETS:
-        (preset,) = presets.select(args.preset)
-        source = args.out or presets.RESULTS_DIR / preset.name
+        (preset,) = presets.select(args.preset, args.presets)
+        source = args.out or presets.results_dir(args.presets) / preset.name
     else:
         raise ValueError("--ablation needs a report (--ablation DIR_OR_REPORT_JSON) or one --preset NAME")
     if args.rps and len(args.rps) != 1:

@@ -59,21 +59,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--date", default=None, help="date recorded as provenance.generated (default: today, UTC)")
 
 
-def run(args: argparse.Namespace) -> int:
-    gpu = get_gpu(args.gpu)
-    cfg, file = read_model_config(args.config)
-    name = args.name or model_name(cfg, file)
-    generated = args.date or dt.datetime.now(dt.timezone.utc).date().isoformat()
-    tables = load_tables(args.data if args.data else data_dir(), gpu)
+def compose(config: Path, gpu_name: str, out: Path, *, name: str | None = None, data: Path | None = None,
+            date: str | None = None) -> tuple[dict, str | None]:
+    """Compose the profile of the model `config` describes on `gpu_name` and
+    write it to `out`; the profile and the planner's loader's complaint
+    about it (None when it loads)."""
+    gpu = get_gpu(gpu_name)
+    cfg, file = read_model_config(config)
+    name = name or model_name(cfg, file)
+    generated = date or dt.datetime.now(dt.timezone.utc).date().isoformat()
+    tables = load_tables(data if data else data_dir(), gpu)
     try:
         model = ModelShape.from_config(cfg, name=name, hf_id=str(cfg.get("_name_or_path") or name))
         profile = build_profile(gpu, model, tables, generated, GENERATOR)
     except ValueError as e:
         raise ValueError(f"{file}: {e}") from None
-    write_profile(profile, args.out)
-    problem = loader_complaint(args.out)
+    write_profile(profile, out)
+    return profile, loader_complaint(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile, problem = compose(args.config, args.gpu, args.out, name=args.name, data=args.data, date=args.date)
     if problem:
         log.error("profile loader rejects: %s", problem)
         return 1
-    print(f"wrote {args.out}: {name} on {gpu.name}, TP {','.join(profile['tp_levels'])}")
+    print(f"wrote {args.out}: {profile['model']} on {get_gpu(args.gpu).name}, TP {','.join(profile['tp_levels'])}")
     return 0

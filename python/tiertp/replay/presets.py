@@ -1,9 +1,11 @@
-"""Benchmark presets: the paper's evaluation settings, each a named set of
-`tiertp replay` arguments (`tiertp replay --preset NAME`).
+"""Benchmark presets: named sets of `tiertp replay` arguments (`tiertp
+replay --preset NAME`). bench/presets.toml holds the paper's evaluation
+settings; other files of the same form (`--presets FILE`) hold other grids,
+e.g. bench/robustness/grid.toml, settings the paper does not evaluate.
 
-The one list is bench/presets.toml in a source checkout (beside the tier
-files and results it names); an installed wheel has no bench/, and asking
-for a preset there fails saying so.
+They live in a source checkout (beside the tier files and results they
+name); an installed wheel has no bench/, and asking for a preset there fails
+saying so.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from tiertp.traces import TraceError, parse_fractions
 
 # python/tiertp/replay/presets.py -> the repository root
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -23,9 +27,13 @@ ALL_PRESETS = "all"
 
 # preset key -> the `tiertp replay` argument (argparse dest) it sets
 KEYS: dict[str, str] = {
-    "gpu": "gpu", "model": "model", "gpus": "gpus", "tiers": "tiers", "rps": "rps",
-    "traces": "trace", "duration": "duration", "policies": "policies",
+    "gpu": "gpu", "model": "model", "config": "config", "gpus": "gpus", "tiers": "tiers", "rps": "rps",
+    "traces": "trace", "tier_fractions": "tier_fractions", "duration": "duration", "policies": "policies",
 }
+# A preset names its model by a shipped table (`model`) or by a config.json
+# (`config`, composed for `gpu` at run time), exactly one; fractions are
+# optional (without them the traces' tiers are used).
+OPTIONAL = {"model", "config", "tier_fractions"}
 
 
 @dataclass(frozen=True)
@@ -49,14 +57,18 @@ def _bad(path: Path, where: str, what: str) -> ValueError:
 
 def _check(path: Path, name: str, values: dict) -> dict:
     """`values` (a preset merged over [defaults]) as argparse dests, types
-    checked; the tier path made absolute (relative to the presets file)."""
+    checked; the tier file and model config paths made absolute (relative to
+    the presets file)."""
     where = f"preset {name!r}"
     unknown = sorted(set(values) - set(KEYS))
     if unknown:
         raise _bad(path, where, f"unknown key(s) {unknown}; valid: {', '.join(KEYS)}")
-    missing = [k for k in KEYS if k not in values]
+    missing = [k for k in KEYS if k not in values and k not in OPTIONAL]
     if missing:
         raise _bad(path, where, f"missing {missing} (set them in [preset.{name}] or [defaults])")
+    if ("model" in values) == ("config" in values):
+        raise _bad(path, where, "give the model as exactly one of `model` (a shipped table) or `config` "
+                                "(a config.json to compose a profile from)")
     gpus, rps, traces, duration = values["gpus"], values["rps"], values["traces"], values["duration"]
     if not (isinstance(gpus, int) and gpus >= 1):
         raise _bad(path, where, f"gpus must be an integer >= 1, got {gpus!r}")
@@ -66,14 +78,22 @@ def _check(path: Path, name: str, values: dict) -> dict:
         raise _bad(path, where, f"traces must be a list of trace names, got {traces!r}")
     if not (isinstance(duration, (int, float)) and duration > 0):
         raise _bad(path, where, f"duration must be a number > 0 (seconds), got {duration!r}")
-    for key in ("gpu", "model", "tiers", "policies"):
-        if not isinstance(values[key], str):
+    for key in ("gpu", "model", "config", "tiers", "policies", "tier_fractions"):
+        if key in values and not isinstance(values[key], str):
             raise _bad(path, where, f"{key} must be a string, got {values[key]!r}")
-    tiers = (path.parent / values["tiers"]).resolve()
-    if not tiers.is_file():
-        raise _bad(path, where, f"tier file {tiers} does not exist")
-    out = {KEYS[k]: v for k, v in values.items()}
-    out.update(tiers=str(tiers), rps=[float(r) for r in rps], duration=float(duration))
+    if "tier_fractions" in values:
+        try:
+            parse_fractions(values["tier_fractions"])
+        except TraceError as e:
+            raise _bad(path, where, str(e)) from None
+    out = {dest: values.get(key) for key, dest in KEYS.items()}
+    for key, what in (("tiers", "tier file"), ("config", "model config")):
+        if key in values:
+            file = (path.parent / values[key]).resolve()
+            if not file.is_file():
+                raise _bad(path, where, f"{what} {file} does not exist")
+            out[key] = str(file)
+    out.update(rps=[float(r) for r in rps], duration=float(duration))
     return out
 
 
@@ -93,6 +113,12 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, Preset]:
     if ALL_PRESETS in presets:
         raise _bad(path, f"preset {ALL_PRESETS!r}", "the name is reserved (--preset all runs every preset)")
     return {name: Preset(name, _check(path, name, {**defaults, **values})) for name, values in presets.items()}
+
+
+def results_dir(path: Path = PRESETS_FILE) -> Path:
+    """Where the presets of `path` write their reports by default:
+    bench/results/ for the paper's, bench/results/STEM/ for another file's."""
+    return RESULTS_DIR if path.resolve() == PRESETS_FILE.resolve() else RESULTS_DIR / path.stem
 
 
 def select(spec: str, path: Path = PRESETS_FILE) -> list[Preset]:
