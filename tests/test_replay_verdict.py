@@ -58,7 +58,7 @@ def test_the_text_lists_every_load_and_the_misses(tmp_path):
         (5, {"tiertp": entry(5.0), "oracle": entry(5.0), "sglang": entry(5.2)}),
         (10, {"tiertp": entry(9.0, fair=False), "oracle": entry(9.0), "sglang": entry(8.0)}))))
     text = verdict_text([tmp_path / "grid"])
-    assert "cell-a   5      5.00    sglang 5.20" in text
+    assert "cell-a   5      5.00    sglang 5.20" in text and "0.962  5.00" in text  # ratio, then the oracle
     assert "9.00*" in text
     assert "2 loads; tiertp's goodput summed over them: 14.00 req/s\ntiertp misses a check at 2 loads" in text
     assert "cell-a @5: 0.962x sglang" in text and "cell-a @10: tiertp leaves a tier unserved" in text

@@ -58,6 +58,8 @@ class LoadVerdict:
     rival_rps: float
     # tiertp's best at a lower load (0 at the lowest).
     best_below: float
+    # The ceiling's goodput; None where the report has no oracle run.
+    oracle_rps: float | None = None
     # Policies serving every tier above the oracle.
     above_oracle: list[str] = field(default_factory=list)
     # At the lowest load: baselines below LOWEST_LOAD_MIN x the best policy.
@@ -113,7 +115,8 @@ def judge(report: dict) -> list[LoadVerdict]:
             rps=load["rps"], ours=ours["goodput_rps"], ours_fair=ours["fair"],
             rival=_named(rival, rivals[rival]) if rival else None,
             rival_rps=rivals[rival]["goodput_rps"] if rival else 0.0,
-            best_below=best_below, above_oracle=above, weak_baselines=weak))
+            best_below=best_below, oracle_rps=None if oracle is None else oracle["goodput_rps"],
+            above_oracle=above, weak_baselines=weak))
         best_below = max(best_below, ours["goodput_rps"])
     return verdicts
 
@@ -152,7 +155,7 @@ def verdict_text(paths: list[Path]) -> str:
     """A table of every load of every report under `paths`, then the loads
     where tiertp misses a check, tiertp's total goodput over them all, and
     the loads where the oracle or a baseline misses one of theirs."""
-    rows = [("setting", "req/s", "tiertp", "best other serving every tier", "ratio", "tiertp misses")]
+    rows = [("setting", "req/s", "tiertp", "best other serving every tier", "ratio", "oracle", "tiertp misses")]
     ours, others, total, count = [], [], 0.0, 0
     for path in find_reports(paths):
         name = path.parent.name
@@ -165,7 +168,8 @@ def verdict_text(paths: list[Path]) -> str:
                 others.append(f"{name} @{v.rps:g}: {'; '.join(v.other_misses)}")
             rows.append((name, f"{v.rps:g}", f"{v.ours:.2f}{'' if v.ours_fair else UNFAIR}",
                          f"{v.rival} {v.rival_rps:.2f}" if v.rival else "none",
-                         f"{v.ratio:.3f}" if v.ratio is not None else "-", str(len(v.misses)) if v.misses else ""))
+                         f"{v.ratio:.3f}" if v.ratio is not None else "-",
+                         f"{v.oracle_rps:.2f}" if v.oracle_rps is not None else "-", str(len(v.misses)) if v.misses else ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines += ["", f"{UNFAIR} tiertp leaves a tier unserved (the fairness rule of the report's metrics)",
