@@ -120,6 +120,11 @@ def test_flags_override_the_preset(tmp_path):
     # --profile replaces the preset's shipped table instead of clashing with it
     a = preset_args(cli_args(profile="synthetic"), preset, many=False)
     assert (a.profile, a.gpu, a.model) == ("synthetic", None, None)
+    # --model replaces a preset's config.json (the profile composed from it)
+    composed = presets.Preset("c", {**preset.args, "model": None, "config": "/m/config.json"})
+    a = preset_args(cli_args(model="qwen2.5-14b"), composed, many=False)
+    assert (a.model, a.config) == ("qwen2.5-14b", None)
+    assert preset_args(cli_args(), composed, many=False).config == "/m/config.json"
     # the preset's values beat the built-in defaults
     (small,) = select("8b-a100x4")
     a = preset_args(cli_args(), small, many=False)

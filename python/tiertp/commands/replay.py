@@ -137,6 +137,8 @@ def preset_args(args: argparse.Namespace, preset: presets.Preset, many: bool) ->
     merged = preset.merged(vars(args))
     if args.profile:  # --profile replaces the preset's model
         merged["gpu"], merged["model"], merged["config"] = args.gpu, args.model, None
+    elif args.model:  # so does --model (a shipped table) a preset's config.json
+        merged["config"] = None
     if args.out is None:
         out = presets.results_dir(args.presets) / preset.name
     else:

@@ -1,7 +1,7 @@
 """Benchmark presets: named sets of `tiertp replay` arguments (`tiertp
 replay --preset NAME`). bench/presets.toml holds the paper's evaluation
 settings; other files of the same form (`--presets FILE`) hold other grids,
-e.g. bench/robustness/grid.toml, settings the paper does not evaluate.
+e.g. bench/robustness.toml, settings the paper does not evaluate.
 
 They live in a source checkout (beside the tier files and results they
 name); an installed wheel has no bench/, and asking for a preset there fails
