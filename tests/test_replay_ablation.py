@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from tiertp.replay.ablation import CHAIN, chain_text, load_report, nearest_load
+from tiertp.replay.ablation import CHAIN, chain_text, nearest_load
+from tiertp.replay.report_files import load_report
 
 
 def entry(goodput: float, settings: dict | None = None, tried: dict | None = None) -> dict:
@@ -69,5 +70,5 @@ def test_nearest_load_and_missing_policies():
 def test_load_report_takes_a_folder_or_the_file(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps(report()))
     assert load_report(tmp_path) == load_report(tmp_path / "report.json") == report()
-    with pytest.raises(FileNotFoundError, match="no replay report at"):
+    with pytest.raises(FileNotFoundError, match="absent: no such file \\(no replay report"):
         load_report(tmp_path / "absent")

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from tiertp.replay.verdict import find_reports, judge, verdict_text
+from tiertp.replay.report_files import find_reports
+from tiertp.replay.verdict import judge, verdict_text
 
 
 def entry(goodput: float, fair: bool = True, settings: str = "default") -> dict:
@@ -72,8 +73,11 @@ def test_a_missing_or_broken_report_is_named(tmp_path):
         find_reports([tmp_path / "absent"])
     bad = tmp_path / "report.json"
     bad.write_text("{")
-    with pytest.raises(ValueError, match="report.json: not a replay report"):
+    with pytest.raises(ValueError, match="report.json: not valid JSON"):
         verdict_text([bad])
     bad.write_text("[]")
-    with pytest.raises(ValueError, match="no 'loads' list"):
+    with pytest.raises(ValueError, match="report.json: a replay report holds a JSON object, this holds list"):
+        verdict_text([bad])
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="report.json: not a replay report \\(no 'loads' list\\)"):
         verdict_text([bad])

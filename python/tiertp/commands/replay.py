@@ -46,7 +46,7 @@ from tiertp.commands.load_arguments import (add_client_limit_arguments, add_leng
 from tiertp.number_types import non_negative_float, positive_float, positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
 from tiertp.profiles import from_config
-from tiertp.replay import ablation, presets, verdict
+from tiertp.replay import ablation, presets, report_files, verdict
 from tiertp.replay.driver import ReplayConfig, replay
 from tiertp.replay.policies import ALL
 from tiertp.replay.tier_configs import TIER_CONFIGS
@@ -197,7 +197,7 @@ def run_ablation(args: argparse.Namespace) -> int:
     if args.rps and len(args.rps) != 1:
         raise ValueError(f"--ablation reads one load: give one --rps, got {args.rps}")
     rps = args.rps[0] if args.rps else ablation.DEFAULT_RPS
-    print(ablation.chain_text(ablation.load_report(source), rps))
+    print(ablation.chain_text(report_files.load_report(source), rps))
     return 0
 
 

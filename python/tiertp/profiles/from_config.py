@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 from pathlib import Path
 
 from tiertp.data import data_dir
+from tiertp.json_file import read_json_object
 from tiertp.profiles.build_defaults import build_profile, load_tables, loader_complaint, write_profile
 from tiertp.profiles.gpus import GPUS, get_gpu
 from tiertp.profiles.models import ModelShape
@@ -31,16 +31,7 @@ GENERATOR = "tiertp profile compose (tiertp.profiles.from_config)"
 def read_model_config(path: Path) -> tuple[dict, Path]:
     """The config as a dict and the file it came from: `path` itself, or
     the config.json of the model directory `path`."""
-    file = path / "config.json" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: no such file (give a model's config.json or its directory)")
-    try:
-        cfg = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{file}: a config.json holds a JSON object, this holds {type(cfg).__name__}")
-    return cfg, file
+    return read_json_object(path, "config.json", "a config.json", "give a model's config.json or its directory")
 
 
 def model_name(cfg: dict, file: Path) -> str:

@@ -9,12 +9,11 @@ report, e.g. `tiertp replay --preset 14b-h100x8`.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from tiertp.replay.policies import label
+from tiertp.replay.report_files import text_table
 
 # The paper's ablation load, req/s.
 DEFAULT_RPS = 70.0
@@ -86,15 +85,6 @@ RATIOS: tuple[Ratio, ...] = (
 )
 
 
-def load_report(path: Path) -> dict:
-    """report.json, given the file or the folder holding it."""
-    path = Path(path)
-    file = path / "report.json" if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"no replay report at {file} (run `tiertp replay ... --out {path}` first)")
-    return json.loads(file.read_text())
-
-
 def nearest_load(report: dict, rps: float) -> dict:
     """The report's load entry closest to `rps` (its requested rate, else
     the offered one)."""
@@ -106,11 +96,6 @@ def nearest_load(report: dict, rps: float) -> dict:
 
 def _fmt(value: float | None) -> str:
     return NOT_RUN if value is None else f"{value:.2f}"
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def chain_text(report: dict, rps: float = DEFAULT_RPS) -> str:
@@ -132,4 +117,4 @@ def chain_text(report: dict, rps: float = DEFAULT_RPS) -> str:
         num, den = r.num.goodput(load), r.den.goodput(load)
         ours = "n/a" if num is None or den is None or den <= 0 or not math.isfinite(den) else f"{num / den:.2f}"
         ratios.append([r.what, ours, f"{r.paper:g}"])
-    return "\n".join([head, *_table(rows), "", *_table(ratios)])
+    return "\n".join([head, *text_table(rows), "", *text_table(ratios)])

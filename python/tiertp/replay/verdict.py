@@ -18,11 +18,12 @@ every tier or to be best.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tiertp.replay.policies import label
 from tiertp.replay.report import UNFAIR
+from tiertp.replay.report_files import find_reports, load_report, text_table
 from tiertp.replay.sweep import ORACLE
 
 OURS = "tiertp"
@@ -34,6 +35,8 @@ LOWEST_LOAD_MIN = 0.8
 ABLATION_PREFIX = OURS + "-"
 # Slack for goodputs equal up to float rounding.
 EPS = 1e-9
+# The settings label of a policy run at its own settings.
+DEFAULT_LABEL = label({})
 
 
 def is_baseline(policy: str) -> bool:
@@ -41,8 +44,8 @@ def is_baseline(policy: str) -> bool:
 
 
 def _named(policy: str, entry: dict) -> str:
-    won = entry.get("settings_label", "default")
-    return policy if won == "default" else f"{policy} ({won})"
+    won = entry.get("settings_label", DEFAULT_LABEL)
+    return policy if won == DEFAULT_LABEL else f"{policy} ({won})"
 
 
 @dataclass(frozen=True)
@@ -121,32 +124,6 @@ def judge(report: dict) -> list[LoadVerdict]:
     return verdicts
 
 
-def find_reports(paths: list[Path]) -> list[Path]:
-    """The report.json files `paths` name: each a report.json, or a folder
-    searched for them at any depth (sorted)."""
-    found = []
-    for path in paths:
-        if path.is_file():
-            found.append(path)
-        elif path.is_dir():
-            found.extend(sorted(path.rglob("report.json")))
-        else:
-            raise FileNotFoundError(f"{path}: no such report or folder")
-    if not found:
-        raise FileNotFoundError(f"no report.json under {', '.join(map(str, paths))} (run tiertp replay first)")
-    return found
-
-
-def load_report(path: Path) -> dict:
-    try:
-        report = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a replay report ({e})") from None
-    if not isinstance(report, dict) or not isinstance(report.get("loads"), list):
-        raise ValueError(f"{path}: not a replay report (no 'loads' list)")
-    return report
-
-
 def _loads(n: int) -> str:
     return f"{n} load" + ("" if n == 1 else "s")
 
@@ -170,8 +147,7 @@ def verdict_text(paths: list[Path]) -> str:
                          f"{v.rival} {v.rival_rps:.2f}" if v.rival else "none",
                          f"{v.ratio:.3f}" if v.ratio is not None else "-",
                          f"{v.oracle_rps:.2f}" if v.oracle_rps is not None else "-", str(len(v.misses)) if v.misses else ""))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = text_table(rows)
     lines += ["", f"{UNFAIR} tiertp leaves a tier unserved (the fairness rule of the report's metrics)",
               f"{_loads(count)}; tiertp's goodput summed over them: {total:.2f} req/s",
               f"tiertp misses a check at {_loads(len(ours))} (it serves every tier, reaches {RATIO_MIN}x the best "
