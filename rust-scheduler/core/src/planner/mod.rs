@@ -12,6 +12,7 @@ mod greedy;
 mod layout_search;
 pub use fairness::{FAIR_MIN_GOODPUT_FRACTION, FAIR_MIN_SHARE};
 mod placement;
+mod queueing;
 mod sharing;
 use sharing::Sharing;
 
@@ -486,6 +487,8 @@ impl Planner {
                 Some((*host, &planning[*host]))
             }
         };
+        let target = self.config.target_utilization;
+        let mut prefill_slack = vec![0.0; tiers.len()];
         let mut out: Vec<GroupPlan> = groups
             .iter()
             .map(|&(tier, role, tp, first_gpu)| {
@@ -494,11 +497,19 @@ impl Planner {
                     _ => &estimates[tier],
                 };
                 let e = sized_by.at(tp).expect("planned TP levels were estimated");
-                let mut g = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
-                g.capacity_rps *= counted_utilization(role, self.config.target_utilization);
+                let g = group_plan(&self.profile, &tiers[tier], e, tier, role, first_gpu);
+                if role == Role::Prefill && g.slo_budget > 0 {
+                    prefill_slack[tier] += queueing::slack_prompts(&tiers[tier], &e.prefill).unwrap_or(f64::INFINITY);
+                }
                 g
             })
             .collect();
+        for g in &mut out {
+            g.capacity_rps *= match g.role {
+                Role::Prefill => queueing::prefill_utilization(prefill_slack[g.tier], target),
+                role => counted_utilization(role, target),
+            };
+        }
         out.sort_by_key(|g| g.first_gpu);
         let mut tier_served_share = diff::tier_served_shares(tiers.len(), &out);
         self.size_decode_for_served_prompts(&mut out, estimates, &sharing, &tier_served_share);
@@ -547,9 +558,10 @@ impl Planner {
     }
 }
 
-/// The share of a group's SLO-compliant throughput a plan is valued at.
-/// Prefill-capable groups at `target`: near saturation, queueing alone
-/// breaks the TTFT. A decode group's throughput is that of its largest
+/// The share of a group's SLO-compliant throughput a plan is valued at
+/// (prefill groups: `queueing::prefill_utilization`, at most `target`).
+/// Colocated groups at `target`: near saturation, queueing alone breaks
+/// the TTFT. A decode group's throughput is that of its largest
 /// batch within the TPOT, so a full group still meets it, and a request
 /// that finds no slot waits at the hand-off only as long as its TPOT
 /// budget allows: it delivers the whole. Valued at `target` too, a

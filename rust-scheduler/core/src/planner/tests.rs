@@ -716,3 +716,30 @@ fn a_pool_takes_its_lengths_from_what_it_serves_when_full_not_from_a_bursty_memb
     };
     assert!((load.mean_output_tokens - by_rate).abs() < 1e-9, "{}", load.mean_output_tokens);
 }
+
+#[test]
+fn a_lone_prefill_group_with_little_slack_is_valued_below_the_target_and_pooled_ones_at_it() {
+    // TP1 prefills a 1,000-token prompt in 200 ms: a 450 ms TTFT holds two
+    // such batches, so a lone TP1 prefill group may have one prompt ahead of
+    // a new one; four of them drain one queue four times as fast.
+    let p = linear_planner(450.0);
+    let estimates = p.estimate(&[TierStats::new(5.0, 1000.0, 100.0)]).unwrap();
+    let prefill = estimates[0].at(1).unwrap().prefill;
+    let slack = queueing::slack_prompts(&p.tiers().tiers()[0], &prefill).unwrap();
+    assert!(slack > 0.0 && slack < 3.0, "{prefill:?}");
+    let prefill_capacity = |groups: &[(usize, Role, u32, u32)]| {
+        let plan = p.build_plan(groups, &estimates, None);
+        plan.groups.iter().find(|g| g.role == Role::Prefill).unwrap().capacity_rps
+    };
+    let lone = prefill_capacity(&[(0, Role::Prefill, 1, 0), (0, Role::Decode, 2, 2)]);
+    assert_eq!(lone, prefill.throughput_rps * queueing::prefill_utilization(slack, 0.85));
+    assert!(lone < 0.8 * prefill.throughput_rps, "{lone} of {}", prefill.throughput_rps);
+    let pooled = prefill_capacity(&[
+        (0, Role::Prefill, 1, 0),
+        (0, Role::Prefill, 1, 1),
+        (0, Role::Prefill, 1, 2),
+        (0, Role::Prefill, 1, 3),
+        (0, Role::Decode, 2, 4),
+    ]);
+    assert_eq!(pooled, prefill.throughput_rps * 0.85);
+}
