@@ -650,10 +650,7 @@ pub fn group_plan(profile: &Profile, tier: &Tier, e: &TpEstimate, tier_id: usize
             // in the TTFT, and at least the estimator's one running plus one
             // queued. A batch far shorter than the TTFT (its size bound by
             // the profile, not the SLO) can have several queued behind it.
-            Role::Prefill => {
-                let batches = tier.ttft_ms.map_or(2.0, |ttft| (ttft / stage.batch_ms).floor().max(2.0));
-                (f64::from(stage.batch_tokens) * batches) as u64
-            }
+            Role::Prefill => (f64::from(stage.batch_tokens) * queueing::batches_in_ttft(tier, &stage)) as u64,
             Role::Decode => u64::from(e.decode_held.batch_requests),
             // Prompt tokens the chunked prefill can absorb before the newest
             // request's TTFT runs out (two batches for background tiers).

@@ -20,15 +20,22 @@
 use crate::estimator::StageEstimate;
 use crate::tiers::Tier;
 
+/// Whole prefill batches a prompt may find outstanding, its own included,
+/// before its TTFT runs out: as many as fit, and at least the estimator's
+/// one running plus one queued (two for a tier without a TTFT). A feasible
+/// stage only.
+pub fn batches_in_ttft(tier: &Tier, stage: &StageEstimate) -> f64 {
+    tier.ttft_ms.map_or(2.0, |ttft| (ttft / stage.batch_ms).floor().max(2.0))
+}
+
 /// Prompts a prefill group can have ahead of a new one within the TTFT.
 /// None for a tier without a TTFT (nothing to break).
 pub fn slack_prompts(tier: &Tier, stage: &StageEstimate) -> Option<f64> {
-    let ttft = tier.ttft_ms?;
+    tier.ttft_ms?;
     if !stage.feasible() || stage.batch_ms <= 0.0 {
         return Some(0.0);
     }
-    let batches = (ttft / stage.batch_ms).floor().max(2.0);
-    Some((batches - 1.0) * f64::from(stage.batch_requests.max(1)))
+    Some((batches_in_ttft(tier, stage) - 1.0) * f64::from(stage.batch_requests.max(1)))
 }
 
 /// The utilization a tier's prefill groups are valued at: `target`, or less
