@@ -358,6 +358,7 @@ impl Planner {
             &basis.planning[..]
         };
         let input = greedy::GreedyInput {
+            profile: &self.profile,
             tiers: self.tiers.tiers(),
             estimates: planning,
             tp_levels: levels,

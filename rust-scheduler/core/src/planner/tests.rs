@@ -743,3 +743,25 @@ fn a_lone_prefill_group_with_little_slack_is_valued_below_the_target_and_pooled_
     ]);
     assert_eq!(pooled, prefill.throughput_rps * 0.85);
 }
+
+#[test]
+fn gpus_no_group_serves_in_time_on_become_prefill_headroom_beside_a_decode_bound_pair() {
+    // TP1 prefills a 1,000-token prompt in 200 ms but decodes at 44 ms a
+    // step against a 20 ms TPOT (no TP1 group serves a request in time);
+    // TP4 decodes within it. On 7 GPUs one TP4 decode group binds; the GPU
+    // left was a best-effort TP1 group that served nothing.
+    let profile = tabulate(
+        &[1, 4],
+        &LINEAR_AXES,
+        |tp, tokens, _| tokens * if tp == 1 { 0.2 } else { 0.07 },
+        |tp, b, _| if tp == 1 { 44.0 + 0.1 * b } else { 12.0 + 0.2 * b },
+        None,
+    );
+    let tiers = TierSet::new(vec![Tier::slo_tier("chat", 500.0, 20.0, 1.0)], "t").unwrap();
+    let planner = Planner::new(Arc::new(profile), tiers, Cluster::uniform(7, 8).unwrap(), PlannerConfig::default()).unwrap();
+    let (plan, _) = planner.propose(&[TierStats::new(100.0, 1000.0, 200.0)]).unwrap();
+    let shape: Vec<(Role, u32)> = plan.groups.iter().map(|g| (g.role, g.tp)).collect();
+    assert!(plan.groups.iter().all(|g| g.capacity_rps > 0.0), "{shape:?}");
+    assert_eq!(shape.iter().filter(|&&g| g == (Role::Prefill, 1)).count(), 3, "{shape:?}");
+    assert_eq!(shape.iter().filter(|&&g| g == (Role::Decode, 4)).count(), 1, "{shape:?}");
+}
