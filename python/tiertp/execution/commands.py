@@ -1,7 +1,9 @@
 """The commands a TpInstance sends its leader (rank 0), one dataclass per command.
 
 The leader answers each before the next is sent (tiertp.execution.leader_loop
-says with what). `what` names a command in errors.
+says with what). `what` names a command in errors. The agent sends `Export`,
+`Park`, `Unpark`, `Release`, `FreeSlots` and `CallRanks` to an execution process too, as
+ops on its instance (tiertp.worker.instance_ops): what they answer is said here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class Iterate:
 
 @dataclass(frozen=True)
 class Release:
-    """Free the requests' KV now."""
+    """Free the requests' KV now (sent by the agent: they moved away, and the
+    process drops them too)."""
 
     what: ClassVar[str] = "release"
     rids: list[RequestId]
@@ -32,7 +35,7 @@ class Release:
 
 @dataclass(frozen=True)
 class Export:
-    """Each request's RequestState (nothing changes)."""
+    """-> each request's RequestState (nothing changes)."""
 
     what: ClassVar[str] = "export"
     rids: list[RequestId]
@@ -40,7 +43,10 @@ class Export:
 
 @dataclass(frozen=True)
 class Park:
-    """Export the requests and take them out of the batch, KV kept."""
+    """Export the requests and take them out of the batch, KV kept -> their
+    RequestStates. Sent by the agent, it parks those of `rids` still running
+    (the states say which); the process may iterate its other requests while
+    the destination copies their KV, then `Release` (moved) or `Unpark`."""
 
     what: ClassVar[str] = "park"
     rids: list[RequestId]
@@ -48,7 +54,8 @@ class Park:
 
 @dataclass(frozen=True)
 class Unpark:
-    """Parked requests rejoin the batch."""
+    """Parked requests rejoin the batch (a hand-off failed); the next
+    iteration gives each the token it would have had."""
 
     what: ClassVar[str] = "unpark"
     rids: list[RequestId]
@@ -64,9 +71,9 @@ class ReserveSlots:
 
 @dataclass(frozen=True)
 class FreeSlots:
-    """Give reserved slots back."""
+    """Give reserved slots back (an import given up)."""
 
-    what: ClassVar[str] = "free"
+    what: ClassVar[str] = "free_slots"
     slots: list[int]
 
 
@@ -93,10 +100,12 @@ class Stats:
 
 @dataclass(frozen=True)
 class CallRanks:
-    """Run `call` on every rank; the results in rank order."""
+    """Run `call` on every rank -> the results in rank order; the sender
+    waits `timeout_s` at most (None: as long as the call may take)."""
 
     what: ClassVar[str] = "call"
     call: RankCall
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

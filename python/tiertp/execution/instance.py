@@ -204,7 +204,7 @@ class TpInstance:
     def begin_call(self, call: RankCall, timeout_s: float | None = None) -> Pending:
         """`call_on_ranks` without waiting: for collectives that span several
         instances (a migration), start the call on each, then wait on each."""
-        return self._send(commands.CallRanks(call), timeout_s, what=call.describe())
+        return self._send(commands.CallRanks(call, timeout_s), timeout_s, what=call.describe())
 
     # convenience over call_on_ranks ----------------------------------------
     def read_kv(self, slots: list[int]) -> list:

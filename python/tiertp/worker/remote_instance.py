@@ -118,7 +118,7 @@ class RemoteInstance:
 
     def begin_call(self, call: RankCall, timeout_s: float | None = None) -> _Pending:
         wait = timeout_s or self._timeout_s
-        return _Pending(self, self._send(op_types.CallOnRanks(call, timeout_s)), f"call {call.describe()}",
+        return _Pending(self, self._send(op_types.CallRanks(call, timeout_s)), f"call {call.describe()}",
                         wait + 5.0)
 
     # --- the wire ----------------------------------------------------------

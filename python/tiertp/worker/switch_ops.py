@@ -84,7 +84,7 @@ class SwitchOps:
             case op_types.FreeSlots():
                 requests.switching_runner().instance.free_slots(list(op.slots))
                 return None
-            case op_types.CallOnRanks():
+            case op_types.CallRanks():
                 return requests.switching_runner().instance.call_on_ranks(op.call, op.timeout_s)
         raise ValueError(f"unknown op {op!r}; expected one of: "
                          f"{', '.join(t.what for t in op_types.InstanceOp.__args__)}")
