@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tiertp.engine.isolated import run_isolated
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import StepInput
+from tiertp.worker.step_runner import StepInput
 from tiertp.worker.runners import RUNNERS, make_runner
 
 # The isolated child imports this file as the module `compare_runners` from here.

@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from tiertp.execution.driver import continue_generation, generate
+from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.errors import CommandRejected, InstanceFailed, KVOutOfSpace, UnknownRequest
 from tiertp.execution.instance import RankCallFailed, TpInstance
 from tiertp.execution.kv_io import DescribeKV

@@ -50,7 +50,7 @@ def test_sim_profile_keeps_live_tp_levels_and_sets_kv_and_overhead():
 
 
 def test_fidelity_compares_simulated_and_live_runs(tmp_path, tokenizer_dir):  # noqa: F811
-    from tiertp.fidelity.driver import FidelityConfig, run_fidelity
+    from tiertp.fidelity.experiment import FidelityConfig, run_fidelity
 
     # One request in 7 fails: every load (8 requests or more) holds a failure, however many
     # requests the probes sent before it.
@@ -141,15 +141,15 @@ def fake_serve_process(server, tmp_path, started: list):
 def _fidelity_cli(monkeypatch, tmp_path, *extra: str):
     """Run `tiertp fidelity ... extra` with run_fidelity replaced: (exit code, the FidelityConfig or None)."""
     from tiertp import cli
-    from tiertp.fidelity import driver
+    from tiertp.fidelity import experiment
 
     seen = {}
 
     def fake_run(cfg):
         seen["cfg"] = cfg
-        return driver.FidelityReport({"aborted": None, "loads": []}, "", [])
+        return experiment.FidelityReport({"aborted": None, "loads": []}, "", [])
 
-    monkeypatch.setattr(driver, "run_fidelity", fake_run)
+    monkeypatch.setattr(experiment, "run_fidelity", fake_run)
     code = cli.main(["fidelity", "--trace", FAKE_TRACE, "--rps", "1", "--duration", "2",
                      "--out", str(tmp_path / "fid"), *extra])
     return code, seen.get("cfg")
@@ -217,7 +217,7 @@ def test_fidelity_profiles_serves_and_simulates_the_same_tp_levels(monkeypatch, 
     """The wiring end to end, with `tiertp profile` and `tiertp serve` faked: the
     profile is measured at --tp-levels, serve gets them, the simulator's profile
     has exactly them, and fidelity.json reports each side's moves."""
-    from tiertp.fidelity import driver
+    from tiertp.fidelity import experiment
 
     server = FakeServer(lambda n, b: "ok")
     profiled, served = [], []
@@ -228,15 +228,15 @@ def test_fidelity_profiles_serves_and_simulates_the_same_tp_levels(monkeypatch, 
         doc["tp_levels"]["4"] = json.loads(json.dumps(doc["tp_levels"]["1"]))
         open(cmd[cmd.index("--out") + 1], "w").write(json.dumps(doc))
 
-    monkeypatch.setattr(driver, "subprocess", types.SimpleNamespace(run=fake_profile))
-    monkeypatch.setattr(driver, "ServeProcess", fake_serve_process(server, tmp_path, served))
+    monkeypatch.setattr(experiment, "subprocess", types.SimpleNamespace(run=fake_profile))
+    monkeypatch.setattr(experiment, "ServeProcess", fake_serve_process(server, tmp_path, served))
     try:
-        cfg = driver.FidelityConfig(
+        cfg = experiment.FidelityConfig(
             traces=[FAKE_TRACE], rps=[4.0], duration_s=2.0, out=tmp_path / "fid", tiers_path=tiers_file(tmp_path),
             tier_rule=TierRule(fractions={"chat": 0.5, "agent": 0.5}), caps=LengthCaps(40, 4),
             limits=Limits(first_token_s=3, stall_s=3, total_s=10), model="tiny-llama", devices=2, tp_levels=(1, 2),
             tokenizer=str(tokenizer_dir), cooldown_s=0, probe_per_tier=0, progress=False, plots=False)
-        report = driver.run_fidelity(cfg)
+        report = experiment.run_fidelity(cfg)
     finally:
         server.stop()
     cmd = profiled[0]

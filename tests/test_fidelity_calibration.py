@@ -19,7 +19,7 @@ from tiertp.fidelity.sim_profile import CellScale, sim_profile_doc
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.records import RequestRecord
-from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.sim_run import SimContext, run_once
 from tiertp.replay.workload import Load, TierRule
 from tiertp.traces import make_trace
 
@@ -161,20 +161,20 @@ def test_no_completed_wave_fits_nothing(tmp_path):
 
 def test_a_started_server_is_restarted_to_plan_with_the_calibrated_profile(monkeypatch, tmp_path,
                                                                            tokenizer_dir):  # noqa: F811
-    from tiertp.fidelity import driver
+    from tiertp.fidelity import experiment
 
     server = FakeServer(lambda n, b: "ok")
     started = []
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(profile_doc()))
-    monkeypatch.setattr(driver, "ServeProcess", fake_serve_process(server, tmp_path, started))
+    monkeypatch.setattr(experiment, "ServeProcess", fake_serve_process(server, tmp_path, started))
     try:
-        cfg = driver.FidelityConfig(
+        cfg = experiment.FidelityConfig(
             traces=[FAKE_TRACE], rps=[4.0], duration_s=2.0, out=tmp_path / "fid", tiers_path=tiers_file(tmp_path),
             tier_rule=TierRule(fractions={"chat": 0.5, "agent": 0.5}), caps=LengthCaps(40, 4),
             limits=Limits(first_token_s=3, stall_s=3, total_s=10), profile=profile, tokenizer=str(tokenizer_dir),
             probe_concurrency=(2, 4), cooldown_s=0, progress=False, plots=False)
-        report = driver.run_fidelity(cfg)
+        report = experiment.run_fidelity(cfg)
     finally:
         server.stop()
     profiles = [kw["profile"] for _, kw in started]

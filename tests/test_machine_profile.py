@@ -21,7 +21,7 @@ from tiertp.commands.gateway_options import gateway_settings
 from tiertp.profile_source import MEASURED
 from tiertp.profiling.grid import grid_for
 from tiertp.profiling.machine_profile import machine_profile
-from tiertp.profiling.runner import ProfileRequest
+from tiertp.profiling.run_profile import ProfileRequest
 
 
 def _profile_json(levels: list[int]) -> str:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tiertp.profiling import checkpoint, grid, runner
+from tiertp.profiling import checkpoint, grid, run_profile
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_quick_profile_resumes_and_passes_the_loader(tmp_path):
     # A run interrupted after TP1's prefill cells: those come from the
     # checkpoint (marked with an impossible-to-measure 1e6 ms), the rest is measured.
     ckpt = checkpoint.checkpoint_path(out)
-    checkpoint.open_checkpoint(ckpt, runner.checkpoint_header("tiny-llama", "cpu", quick, 0))
+    checkpoint.open_checkpoint(ckpt, run_profile.checkpoint_header("tiny-llama", "cpu", quick, 0))
     done = [c for c in grid.measured_cells(quick) if c.table == grid.PREFILL]
     for c in done:
         checkpoint.append_record(

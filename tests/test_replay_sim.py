@@ -16,7 +16,7 @@ from tiertp import _scheduler as s
 from tiertp.replay import ReplayConfig, TierRule, build_workload, cut_load, replay, variants
 from tiertp.replay.metrics import UNKNOWN_REASON
 from tiertp.replay.policies import SWEPT
-from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.sim_run import SimContext, run_once
 from tiertp.replay.tier_configs import TIER_CONFIGS
 
 pytestmark = pytest.mark.skipif(not hasattr(s, "simulate"), reason="this build of tiertp._scheduler has no simulator")

@@ -9,7 +9,7 @@ import numpy as np
 
 from tiertp.replay.metrics import RunMetrics, TierMetrics
 from tiertp.replay.report import csv_rows, goodput_table, report_dict
-from tiertp.replay.runner import RunOutcome
+from tiertp.replay.sim_run import RunOutcome
 from tiertp.replay.sweep import LoadResult, PolicyAtLoad
 from tiertp.replay.workload import Load
 

@@ -32,7 +32,7 @@ import torch
 
 import tiertp.kv.executor as kv_executor
 
-from tiertp.execution.driver import continue_generation, generate
+from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.errors import CommandRejected, DuplicateRequest
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.leader import Leader
@@ -46,7 +46,7 @@ from tiertp.worker import instance_ops
 from tiertp.worker import protocol as P
 from tiertp.worker.executor import ExecutionLoop
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import StepInput, StepOutput, SwitchableStepRunner
+from tiertp.worker.step_runner import StepInput, StepOutput, SwitchableStepRunner
 
 pytestmark = pytest.mark.slow
 

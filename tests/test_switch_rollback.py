@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from tiertp.execution.driver import continue_generation, generate
+from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tiertp.engine.models import resolve_model
-from tiertp.execution.driver import continue_generation, generate
+from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

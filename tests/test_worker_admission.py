@@ -12,7 +12,7 @@ import pytest
 
 from tiertp import _scheduler
 from tiertp.worker.executor import ExecutionLoop
-from tiertp.worker.runner import StepRunner
+from tiertp.worker.step_runner import StepRunner
 
 
 class _Runner(StepRunner):

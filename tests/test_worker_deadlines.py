@@ -23,7 +23,7 @@ from tiertp.worker.executor import ExecutionLoop
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.messages import parse_apply_plan, parse_submit
 from tiertp.worker.process import READY, STARTING
-from tiertp.worker.runner import ModelLimits, StepOutput, StepRunner
+from tiertp.worker.step_runner import ModelLimits, StepOutput, StepRunner
 from tiertp.worker.seal import ControlKey
 
 CLIENT = b"client"

@@ -20,7 +20,7 @@ from tiertp.worker.agent import Agent
 from tiertp.worker.config import AgentConfig
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.process import READY, STARTING
-from tiertp.worker.runner import ModelLimits
+from tiertp.worker.step_runner import ModelLimits
 from tiertp.worker.seal import ControlKey
 from tiertp.worker.switcher import ChangeFailed
 

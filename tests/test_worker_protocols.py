@@ -24,7 +24,7 @@ from tiertp.worker.engine_runner import EngineStepRunner
 from tiertp.worker.groups import TpGroup
 from tiertp.worker.process import READY
 from tiertp.worker.remote_instance import RemoteInstance
-from tiertp.worker.runner import StepRunner, SwitchableStepRunner
+from tiertp.worker.step_runner import StepRunner, SwitchableStepRunner
 from tiertp.worker.switch_ops import SwitchOps
 
 

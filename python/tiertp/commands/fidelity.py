@@ -133,7 +133,7 @@ def check_tp_levels(args: argparse.Namespace) -> tuple[int, ...] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiertp.fidelity.driver import FidelityConfig, run_fidelity
+    from tiertp.fidelity.experiment import FidelityConfig, run_fidelity
 
     if args.devices < 1:
         raise ValueError(f"--devices must be >= 1, got {args.devices}")

@@ -47,7 +47,7 @@ from tiertp.number_types import non_negative_float, positive_float, positive_int
 from tiertp.profile_source import add_profile_arguments, load_profile
 from tiertp.profiles import from_config
 from tiertp.replay import ablation, presets, report_files, verdict
-from tiertp.replay.driver import ReplayConfig, replay
+from tiertp.replay.simulated_replay import ReplayConfig, replay
 from tiertp.replay.policies import ALL
 from tiertp.replay.tier_configs import TIER_CONFIGS
 

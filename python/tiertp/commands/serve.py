@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 
-class Agent:
+class AgentProcess:
     """The `tiertp worker` subprocess (own session) and its execution processes."""
 
     def __init__(self, model: str, devices: int, tp_levels: list[int], endpoint: str, log_dir: Path,
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     with stop_on_signals() as stop:
         agent = None
         try:
-            agent = Agent(args.model, args.devices, settings.tp_levels, endpoint, log_dir, key_file, key)
+            agent = AgentProcess(args.model, args.devices, settings.tp_levels, endpoint, log_dir, key_file, key)
             agent.wait_ready(first_tier(settings.tiers_path), args.devices, args.ready_timeout, stop)
             return serve_gateway("tiertp serve", settings, [(endpoint, args.devices)], key,
                                  f"{args.devices} CPU device(s)", stop, check=agent.exited)

@@ -44,7 +44,7 @@ import numpy as np
 from tiertp.fidelity.probe import LoadedProbe, probe_blocks
 from tiertp.fidelity.sim_profile import CellScale
 from tiertp.replay.live.records import COMPLETED
-from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.sim_run import SimContext, run_once
 from tiertp.replay.workload import Load
 from tiertp.traces import make_trace
 

@@ -29,7 +29,7 @@ import numpy as np
 from tiertp.replay.live.client import request_body, send_one
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.records import RequestRecord
-from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.sim_run import SimContext, run_once
 from tiertp.replay.workload import Load
 from tiertp.traces import make_trace
 

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiertp.profiling.runner import ProfileRequest, run_profile
+    from tiertp.profiling.run_profile import ProfileRequest, run_profile
 
     # Every option is named after the ProfileRequest field it sets (its dest).
     req = ProfileRequest(**{f.name: getattr(args, f.name) for f in fields(ProfileRequest) if hasattr(args, f.name)})

@@ -25,7 +25,7 @@ from tiertp.cache import cache_root
 from tiertp.engine.models import model_name
 from tiertp.profiling import provenance
 from tiertp.profiling.grid import grid_for
-from tiertp.profiling.runner import ProfileRequest, run_profile
+from tiertp.profiling.run_profile import ProfileRequest, run_profile
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ baseline's best settings with hindsight, and report goodput, SLO attainment,
 latency percentiles and the cluster configuration over time."""
 
 from tiertp.replay.conservation import ConservationError, check_conservation
-from tiertp.replay.driver import ReplayConfig, ReplayReport, replay
+from tiertp.replay.simulated_replay import ReplayConfig, ReplayReport, replay
 from tiertp.replay.policies import KNOB_VALUES, SWEPT, parse_policies, variants
 from tiertp.replay.workload import DEFAULT_TIER_MAP, Load, TierRule, build_workload, cut_load
 

@@ -15,7 +15,7 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from tiertp.replay.metrics import TierSlo  # noqa: E402
 from tiertp.replay.policies import label  # noqa: E402
-from tiertp.replay.runner import RunOutcome  # noqa: E402
+from tiertp.replay.sim_run import RunOutcome  # noqa: E402
 from tiertp.replay.sweep import LoadResult  # noqa: E402
 
 ROLE_HATCH = {"prefill": "///", "decode": "...", "colocated": ""}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tiertp.replay.policies import label, variants
-from tiertp.replay.runner import RunOutcome, SimContext, run_once
+from tiertp.replay.sim_run import RunOutcome, SimContext, run_once
 from tiertp.replay.workload import Load
 
 log = logging.getLogger(__name__)

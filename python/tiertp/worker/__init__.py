@@ -13,7 +13,7 @@ One concept per module:
 - requests: the agent's table of in-flight requests (one terminal message each);
 - config: `AgentConfig`, the agent's settings (each default written once);
 - process: one execution process as seen by the agent (start, keep-alive, death);
-- runner: `StepRunner` / `SwitchableStepRunner`, what the execution process needs of a
+- step_runner: `StepRunner` / `SwitchableStepRunner`, what the execution process needs of a
   model replica, one decoding iteration at a time;
 - runners: the runners by name: instance_runner (a tiertp.execution TpInstance on SGLang's
   model runner) and engine_runner (the SGLang Engine path, the `--runner engine` fallback);

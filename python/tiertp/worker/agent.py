@@ -76,7 +76,7 @@ from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.process import DEAD, READY, ExecProcess
 from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 from tiertp.worker.requests import InFlight, RequestTable
-from tiertp.worker.runner import ModelLimits
+from tiertp.worker.step_runner import ModelLimits
 from tiertp.worker.runners import DEFAULT_RUNNER
 from tiertp.worker.switcher import ChangeFailed, Switcher
 from tiertp.worker.weight_stores import close_stores, create_device_stores, write_store_handles

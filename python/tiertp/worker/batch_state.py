@@ -28,7 +28,7 @@ from types import MappingProxyType
 from tiertp import _scheduler
 from tiertp.execution.records import RequestState
 from tiertp.worker.exec_request import ExecRequest
-from tiertp.worker.runner import StepRunner, SwitchableStepRunner
+from tiertp.worker.step_runner import StepRunner, SwitchableStepRunner
 
 
 class BatchState:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tiertp.engine.launch import EngineSpec, start_engine
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import ModelLimits, StepInput, StepOutput, StepRunner
+from tiertp.worker.step_runner import ModelLimits, StepInput, StepOutput, StepRunner
 
 
 class EngineStepRunner(StepRunner):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tiertp.worker.runner import StepInput
+from tiertp.worker.step_runner import StepInput
 
 
 @dataclass

@@ -60,7 +60,7 @@ from tiertp.worker import protocol as P
 from tiertp.worker.batch_state import BatchState
 from tiertp.worker.exec_request import ExecRequest
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import RunnerDied, StepRunner
+from tiertp.worker.step_runner import RunnerDied, StepRunner
 from tiertp.worker.runners import DEFAULT_RUNNER, RUNNERS, make_runner
 from tiertp.worker.switch_ops import SwitchOps
 from tiertp.worker.weight_stores import read_store_handles

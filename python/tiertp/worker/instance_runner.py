@@ -1,6 +1,6 @@
 """`InstanceStepRunner`: the execution process's step runner on a TpInstance (tiertp.execution).
 
-Maps the step interface (tiertp.worker.runner.SwitchableStepRunner) onto the
+Maps the step interface (tiertp.worker.step_runner.SwitchableStepRunner) onto the
 instance: a request the runner has not stepped yet is admitted (prefilled)
 in the step it first appears; the others decode; released requests are
 handed to the instance with the next step (their KV is freed before that
@@ -23,7 +23,7 @@ from tiertp.execution.records import NewRequest, RequestState, Sampling
 from tiertp.execution.spec import InstanceSpec
 from tiertp.switching.weight_binder import WEIGHT_BINDER
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import ModelLimits, RunnerDied, StepInput, StepOutput, SwitchableStepRunner
+from tiertp.worker.step_runner import ModelLimits, RunnerDied, StepInput, StepOutput, SwitchableStepRunner
 
 
 class InstanceStepRunner(SwitchableStepRunner):

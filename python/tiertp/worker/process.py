@@ -26,7 +26,7 @@ from tiertp.engine.isolated import kill_group
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import ModelLimits
+from tiertp.worker.step_runner import ModelLimits
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.worker.engine_runner import EngineStepRunner
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.runner import StepRunner
+from tiertp.worker.step_runner import StepRunner
 
 # The one list of runner names; the first is the default.
 RUNNERS = ("instance", "engine")

@@ -25,7 +25,7 @@ from typing import Any
 from tiertp.execution.errors import InstanceFailed
 from tiertp.worker import instance_ops as op_types
 from tiertp.worker.batch_state import BatchState
-from tiertp.worker.runner import RunnerDied
+from tiertp.worker.step_runner import RunnerDied
 
 
 class SwitchOps:

@@ -4,7 +4,7 @@ measure what the simulator predicts (TTFT, TPOT, goodput per tier)."""
 
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
-from tiertp.replay.live.driver import LiveReplayConfig, LiveSession, capped_loads, live_replay
+from tiertp.replay.live.live_replay import LiveReplayConfig, LiveSession, capped_loads, live_replay
 from tiertp.replay.live.outcome import LIVE, LiveOutcome
 from tiertp.replay.live.records import FAILURE_KINDS, FailureReason, RequestRecord
 

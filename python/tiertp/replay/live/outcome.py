@@ -14,7 +14,7 @@ from tiertp.replay.conservation import check_conservation
 from tiertp.replay.live.records import RequestRecord, summarize, to_sim_result
 from tiertp.replay.live.run import LiveRun
 from tiertp.replay.metrics import TierSlo, compute_metrics
-from tiertp.replay.runner import RunOutcome
+from tiertp.replay.sim_run import RunOutcome
 from tiertp.replay.workload import Load
 
 # The policy name a live run is reported under.

@@ -13,7 +13,7 @@ from tiertp.replay import plots
 from tiertp.replay.metrics import TierSlo
 from tiertp.replay.policies import KNOB_VALUES, SWEPT, parse_policies, sim_policies
 from tiertp.replay.report import goodput_table, write_csv, write_json
-from tiertp.replay.runner import SimContext
+from tiertp.replay.sim_run import SimContext
 from tiertp.replay.sweep import LoadResult, plan_runs, run_sweep
 from tiertp.replay.workload import TierRule, build_workload, cut_load
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from tiertp.replay.driver import GOODPUT_DEFINITION, ReplayConfig, ReplayReport, write_plots
+from tiertp.replay.simulated_replay import GOODPUT_DEFINITION, ReplayConfig, ReplayReport, write_plots
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.outcome import LIVE, LiveOutcome, live_outcome, write_requests_csv
@@ -141,7 +141,7 @@ def live_config(cfg, info: ServerInfo, tiers, workload) -> dict:
 
 def write_live_plots(cfg, info: ServerInfo, results: list[LoadResult], slos: list[TierSlo], source: str,
                      head: str | None = None) -> list[Path]:
-    """The simulated replay's plots (tiertp.replay.driver.write_plots) for
+    """The simulated replay's plots (tiertp.replay.simulated_replay.write_plots) for
     live results; `head` names what was served (default: model and URL)."""
     plot_cfg = ReplayConfig(traces=cfg.traces, tiers_path=cfg.tiers_path,
                             profile=SimpleNamespace(name=head or f"live {info.model} at {info.base}"),

@@ -4,7 +4,7 @@ compare.
 
 What keeps the comparison apples to apples:
 - the same requests: one Load per level (same traces, tier rule, seed, rate
-  scaling, window and length caps; tiertp.replay.live.driver.capped_loads)
+  scaling, window and length caps; tiertp.replay.live.live_replay.capped_loads)
   goes to the simulator and to the live client;
 - the same SLOs: one tier file, given to `tiertp serve` and the simulator;
 - the same cluster: GPUs = the server's devices, all on one node (one agent);
@@ -41,17 +41,17 @@ from tiertp.fidelity.probe import loaded_probe, probe, probe_table, second_probe
 from tiertp.fidelity.serve_process import ServeProcess
 from tiertp.ports import free_port
 from tiertp.fidelity.sim_profile import CellScale, check_profile_levels, sim_profile_doc, write_sim_profile
-from tiertp.replay.driver import GOODPUT_DEFINITION, write_plots
-from tiertp.replay.driver import ReplayConfig as _PlotConfig
+from tiertp.replay.simulated_replay import GOODPUT_DEFINITION, write_plots
+from tiertp.replay.simulated_replay import ReplayConfig as _PlotConfig
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
-from tiertp.replay.live.driver import LIVE_GOODPUT_NOTE, LiveSession, capped_loads
+from tiertp.replay.live.live_replay import LIVE_GOODPUT_NOTE, LiveSession, capped_loads
 from tiertp.replay.live.outcome import LIVE, write_requests_csv
 from tiertp.replay.live.records import COMPLETED
 from tiertp.replay.metrics import TierSlo
 from tiertp.replay.policies import label
 from tiertp.replay.report import _clean, write_csv, write_json
-from tiertp.replay.runner import SimContext, run_once
+from tiertp.replay.sim_run import SimContext, run_once
 from tiertp.replay.sweep import LoadResult, PolicyAtLoad
 from tiertp.replay.workload import TierRule
 from tiertp.worker.config import AgentConfig
