@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 from tiertp.engine.isolated import run_isolated
+from tiertp.execution.records import Sampling
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.step_runner import StepInput
 from tiertp.worker.runners import RUNNERS, make_runner
+from tiertp.worker.step_runner import StepInput
 
 # The isolated child imports this file as the module `compare_runners` from here.
 _HERE = str(Path(__file__).resolve().parent)
@@ -46,7 +47,7 @@ def measure(job: dict) -> dict:
                 next_rid += 1
             times = []
             for step in range(1 + job["warmup"] + job["repeats"]):
-                inputs = [StepInput(rid, toks, len(toks) - job["prompt_len"], 0.0, 1.0, None, ())
+                inputs = [StepInput(rid, toks, len(toks) - job["prompt_len"], Sampling())
                           for rid, toks in reqs.items()]
                 tic = time.perf_counter()
                 outs = runner.step(inputs)

@@ -37,7 +37,7 @@ from tiertp.execution.errors import CommandRejected, DuplicateRequest
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.leader import Leader
 from tiertp.execution.rank_call import RankCall
-from tiertp.execution.records import NewRequest
+from tiertp.execution.records import NewRequest, Sampling
 from tiertp.execution.spec import InstanceSpec
 from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.switching import SwitchCoordinator, SwitchRolledBack
@@ -143,7 +143,7 @@ class _FakeInstance:
 
 
 def _step_input(rid, tokens=(1, 2)):
-    return StepInput(rid, list(tokens), 0, 0.0, 1.0, None, ())
+    return StepInput(rid, list(tokens), 0, Sampling())
 
 
 def test_the_step_runner_leaves_parked_requests_out_of_its_steps():

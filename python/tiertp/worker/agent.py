@@ -76,8 +76,8 @@ from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.process import DEAD, READY, ExecProcess
 from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 from tiertp.worker.requests import InFlight, RequestTable
-from tiertp.worker.step_runner import ModelLimits
 from tiertp.worker.runners import DEFAULT_RUNNER
+from tiertp.worker.step_runner import ModelLimits
 from tiertp.worker.switcher import ChangeFailed, Switcher
 from tiertp.worker.weight_stores import close_stores, create_device_stores, write_store_handles
 
@@ -235,9 +235,9 @@ class Agent:
         bad = [t for t in s.input_ids if t >= limits.vocab_size]
         if bad:
             return f"submit {s.id}: token id {bad[0]} is out of the model's vocabulary (size {limits.vocab_size})"
-        total = len(s.input_ids) + s.sampling.max_tokens
+        total = len(s.input_ids) + s.max_tokens
         if total > limits.max_request_tokens:
-            return (f"submit {s.id}: {len(s.input_ids)} prompt tokens + max_tokens {s.sampling.max_tokens} = {total} "
+            return (f"submit {s.id}: {len(s.input_ids)} prompt tokens + max_tokens {s.max_tokens} = {total} "
                     f"exceeds the {limits.max_request_tokens} tokens a request may hold on this worker")
         return None
 
@@ -247,7 +247,7 @@ class Agent:
             self._fail(req.rid, P.BAD_REQUEST, problem)
             return
         s = req.submit
-        proc.send({"type": "add", "rid": req.rid, "input_ids": list(s.input_ids), "max_tokens": s.sampling.max_tokens,
+        proc.send({"type": "add", "rid": req.rid, "input_ids": list(s.input_ids), "max_tokens": s.max_tokens,
                    "temperature": s.sampling.temperature, "top_p": s.sampling.top_p, "seed": s.sampling.seed,
                    "stop_token_ids": list(s.sampling.stop_token_ids), "cls": s.cls, "deadline": req.deadline})
         req.sent = True
@@ -381,7 +381,7 @@ class Agent:
 
     def _max_tokens(self, rid: int) -> int:
         req = self.requests.get(rid)
-        return req.submit.sampling.max_tokens if req is not None else 1
+        return req.submit.max_tokens if req is not None else 1
 
     def _kv_tokens(self, rid: int) -> int:
         req = self.requests.get(rid)

@@ -189,9 +189,7 @@ class BatchState:
         the running batch; each stops at `max_tokens[rid]` outputs."""
         self.switching_runner().adopt(list(states))
         for s in states:
-            sp = s.sampling
-            self._running[s.rid] = ExecRequest(s.rid, list(s.token_ids[:s.prompt_len]), max_tokens[s.rid],
-                                               sp.temperature, sp.top_p, sp.seed, tuple(sp.stop_token_ids),
+            self._running[s.rid] = ExecRequest(s.rid, list(s.token_ids[:s.prompt_len]), max_tokens[s.rid], s.sampling,
                                                output=list(s.token_ids[s.prompt_len:]))
 
     def release_moved(self, rids: list[int]) -> None:

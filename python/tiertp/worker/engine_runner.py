@@ -37,11 +37,12 @@ class EngineStepRunner(StepRunner):
     def step(self, batch: list[StepInput]) -> list[StepOutput]:
         params = []
         for r in batch:
-            p = {"max_new_tokens": 1, "temperature": r.temperature, "top_p": r.top_p,
-                 "stop_token_ids": list(r.stop_token_ids)}
-            if r.seed is not None:
+            s = r.sampling
+            p = {"max_new_tokens": 1, "temperature": s.temperature, "top_p": s.top_p,
+                 "stop_token_ids": list(s.stop_token_ids)}
+            if s.seed is not None:
                 # A fixed seed per step would repeat the same draw every step.
-                p["sampling_seed"] = (r.seed + r.generated) % 2**63
+                p["sampling_seed"] = (s.seed + r.generated) % 2**63
             params.append(p)
         outs = self._engine.generate(input_ids=[r.token_ids for r in batch], sampling_params=params)
         if isinstance(outs, dict):

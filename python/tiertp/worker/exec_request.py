@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tiertp.execution.records import Sampling
 from tiertp.worker.step_runner import StepInput
 
 
@@ -12,10 +13,7 @@ class ExecRequest:
     rid: int
     input_ids: list[int]
     max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop_token_ids: tuple[int, ...]
+    sampling: Sampling
     output: list[int] = field(default_factory=list)
 
     @property
@@ -24,5 +22,4 @@ class ExecRequest:
         return len(self.input_ids) + self.max_tokens
 
     def step_input(self) -> StepInput:
-        return StepInput(self.rid, self.input_ids + self.output, len(self.output), self.temperature,
-                         self.top_p, self.seed, self.stop_token_ids)
+        return StepInput(self.rid, self.input_ids + self.output, len(self.output), self.sampling)

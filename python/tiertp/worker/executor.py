@@ -56,12 +56,13 @@ import psutil
 import zmq
 
 from tiertp.execution.process_util import die_with_parent
+from tiertp.execution.records import Sampling
 from tiertp.worker import protocol as P
 from tiertp.worker.batch_state import BatchState
 from tiertp.worker.exec_request import ExecRequest
 from tiertp.worker.groups import TpGroup
-from tiertp.worker.step_runner import RunnerDied, StepRunner
 from tiertp.worker.runners import DEFAULT_RUNNER, RUNNERS, make_runner
+from tiertp.worker.step_runner import RunnerDied, StepRunner
 from tiertp.worker.switch_ops import SwitchOps
 from tiertp.worker.weight_stores import read_store_handles
 
@@ -93,8 +94,8 @@ class ExecutionLoop:
     def _handle(self, msg: dict) -> None:
         kind = msg["type"]
         if kind == "add":
-            r = ExecRequest(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], msg["temperature"], msg["top_p"],
-                            msg["seed"], tuple(msg["stop_token_ids"]))
+            sampling = Sampling(msg["temperature"], msg["top_p"], msg["seed"], tuple(msg["stop_token_ids"]))
+            r = ExecRequest(msg["rid"], list(msg["input_ids"]), msg["max_tokens"], sampling)
             self.requests.add(r, msg["cls"], msg["deadline"])
         elif kind == "cancel":
             self.requests.cancel(msg["rid"])

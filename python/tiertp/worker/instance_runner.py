@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tiertp.execution.errors import InstanceFailed
 from tiertp.execution.instance import TpInstance
-from tiertp.execution.records import NewRequest, RequestState, Sampling
+from tiertp.execution.records import NewRequest, RequestState
 from tiertp.execution.spec import InstanceSpec
 from tiertp.switching.weight_binder import WEIGHT_BINDER
 from tiertp.worker.groups import TpGroup
@@ -50,8 +50,7 @@ class InstanceStepRunner(SwitchableStepRunner):
         missing = self._stepped - {r.rid for r in batch}
         if missing:
             raise RuntimeError(f"requests {sorted(missing)[:8]} were left out of a step without being released")
-        admit = [NewRequest(r.rid, r.token_ids, Sampling(r.temperature, r.top_p, r.seed, r.stop_token_ids))
-                 for r in batch if r.rid not in self._stepped]
+        admit = [NewRequest(r.rid, r.token_ids, r.sampling) for r in batch if r.rid not in self._stepped]
         release, self._to_release = self._to_release, []
         try:
             outs = {o.rid: o for o in self.instance.iterate(admit, release)}

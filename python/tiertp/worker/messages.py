@@ -12,19 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tiertp.execution.records import Sampling
 from tiertp.worker import protocol as P
 from tiertp.worker.groups import TpGroup
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling parameters; temperature 0 means greedy."""
-
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -32,6 +22,7 @@ class Submit:
     id: int
     tier: str
     input_ids: tuple[int, ...]
+    max_tokens: int
     sampling: Sampling
     cls: str
     group: TpGroup | None
@@ -147,17 +138,19 @@ def parse_submit(msg: dict) -> Submit:
         s = _field(msg, "sampling", where)
         if not isinstance(s, dict):
             raise P.ProtocolError(f"{where}: sampling must be a map, got {type(s).__name__}")
+        max_tokens = _int(_field(s, "max_tokens", where), "sampling.max_tokens", where, lo=1, hi=2**31 - 1)
+        temperature = _float(s.get("temperature", 0.0), "sampling.temperature", where)
+        top_p = _float(s.get("top_p", 1.0), "sampling.top_p", where)
+        if temperature < 0:
+            raise P.ProtocolError(f"{where}: sampling.temperature must be >= 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise P.ProtocolError(f"{where}: sampling.top_p must be in (0, 1], got {top_p}")
         sampling = Sampling(
-            max_tokens=_int(_field(s, "max_tokens", where), "sampling.max_tokens", where, lo=1, hi=2**31 - 1),
-            temperature=_float(s.get("temperature", 0.0), "sampling.temperature", where),
-            top_p=_float(s.get("top_p", 1.0), "sampling.top_p", where),
+            temperature=temperature,
+            top_p=top_p,
             seed=None if s.get("seed") is None else _int(s["seed"], "sampling.seed", where, lo=-(2**63), hi=2**63 - 1),
             stop_token_ids=_int_list(s.get("stop_token_ids") or [], "sampling.stop_token_ids", where),
         )
-        if sampling.temperature < 0:
-            raise P.ProtocolError(f"{where}: sampling.temperature must be >= 0, got {sampling.temperature}")
-        if not 0 < sampling.top_p <= 1:
-            raise P.ProtocolError(f"{where}: sampling.top_p must be in (0, 1], got {sampling.top_p}")
         input_ids = _int_list(_field(msg, "input_ids", where), "input_ids", where)
         if not input_ids:
             raise P.ProtocolError(f"{where}: input_ids is empty")
@@ -167,6 +160,7 @@ def parse_submit(msg: dict) -> Submit:
             id=rid,
             tier=_str(_field(msg, "tier", where), "tier", where),
             input_ids=input_ids,
+            max_tokens=max_tokens,
             sampling=sampling,
             cls=_one_of(_field(msg, "class", where), "class", where, P.CLASSES),
             group=None if group is None else _group(group, "group", where),

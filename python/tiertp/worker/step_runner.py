@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from tiertp.execution.instance import TpInstance
-from tiertp.execution.records import RequestState
+from tiertp.execution.records import RequestState, Sampling
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,7 @@ class StepInput:
     rid: int
     token_ids: list[int]
     generated: int  # tokens generated before this step
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop_token_ids: tuple[int, ...]
+    sampling: Sampling
 
 
 @dataclass(frozen=True)
