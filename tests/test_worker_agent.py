@@ -135,12 +135,9 @@ def _victim(executor: psutil.Process, which: str) -> psutil.Process:
     if which == "executor":
         return executor
     # The process holding the model: SGLang's scheduler (engine runner) or rank 0 (TP instance runner);
-    # CPU ranks are forked by a forkserver, so they are the executor's grandchildren. Found by title where
-    # the title took: on some hosts setproctitle leaves a forkserver child's command line as it was.
-    procs = executor.children(recursive=True)
-    titled = [c for c in procs if any(tag in " ".join(c.cmdline()) for tag in ("sglang::scheduler", "tiertp::tp"))]
-    forked = [c for c in procs if c.ppid() != executor.pid]
-    [scheduler] = titled or forked
+    # CPU ranks are forked by a forkserver, so they are the executor's grandchildren.
+    [scheduler] = [c for c in executor.children(recursive=True)
+                   if any(tag in " ".join(c.cmdline()) for tag in ("sglang::scheduler", "tiertp::tp"))]
     return scheduler
 
 

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import importlib
 
-from tiertp.engine import sglang_compat
+try:  # SGLang's dependency, not ours
+    import setproctitle
+
+    # Set up while the environment is untouched: it moves the environment
+    # out of the command line's memory on first use, and once imports have
+    # changed the environment it can no longer find that memory and a rank's
+    # title (tiertp::tp{N}_rank{R}, what ps and the tests look for) never
+    # shows. The ranks forked from here inherit the setup.
+    setproctitle.getproctitle()
+except ImportError:
+    pass
+
+from tiertp.engine import sglang_compat  # noqa: E402
 
 # What the ranks import (tiertp.execution.loader, the rank functions of
 # tiertp.profiling.measure and tiertp.weights.verify), and the model class of the embedded
