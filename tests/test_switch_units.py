@@ -15,7 +15,7 @@ from tiertp.switching import SwitchCoordinator, SwitchRolledBack, SwitchSetupErr
 from tiertp.switching.coordinator import _chunk_bytes
 from tiertp.switching import rank_migrate
 from tiertp.switching.layout_ids import NEW_OFFSET, new_id, old_id
-from tiertp.switching.planning import kv_shape, plan_switch
+from tiertp.switching.planning import plan_switch
 from tiertp.switching.weight_binder import handle_for
 
 SHAPE = KVShape(num_layers=2, num_kv_heads=8, head_dim=4, page_size=1, dtype=torch.float32)
@@ -46,11 +46,12 @@ def test_participant_ids_keep_a_devices_old_and_new_process_apart():
         old_id(-1)
 
 
-def test_kv_shape_follows_the_instance_geometry():
-    geo = KVGeometry(num_layers=2, num_kv_heads=8, kv_heads_per_rank=4, head_dim=32, slots=257, dtype="float32")
+def test_a_switch_plans_with_the_destinations_kv_shape():
+    shape = KVShape(2, 8, 32, 1, torch.float32)
     info = InstanceInfo(tp=2, vocab_size=10, context_len=64, kv_capacity_tokens=256, max_running_requests=8,
-                        eos_token_ids=(2,), kv=geo)
-    assert kv_shape(info) == KVShape(2, 8, 32, 1, torch.float32)
+                        eos_token_ids=(2,), kv=KVGeometry(shape, kv_heads_per_rank=4, slots=257))
+    plan = plan_switch(info.kv.shape, [(0,)], (0, 1), [[_state(0, 4, 3)]]).plan
+    assert plan.bytes_to_move() == 3 * shape.page_bytes(8)  # every token's KV once, all heads
 
 
 def test_staging_chunks_shrink_for_small_migrations():
@@ -60,7 +61,7 @@ def test_staging_chunks_shrink_for_small_migrations():
 
 
 def _fake(tp: int, devices, model="tiny-llama", started=True):
-    geo = KVGeometry(2, 8, 8 // tp, 32, 257, "float32")
+    geo = KVGeometry(KVShape(2, 8, 32, 1, torch.float32), 8 // tp, 257)
     info = InstanceInfo(tp, 10, 64, 256, 8, (2,), geo) if started else None
     return SimpleNamespace(spec=SimpleNamespace(tp=tp, devices=tuple(devices), model=model), info=info, closed=False,
                            paused=False)

@@ -14,7 +14,6 @@ QKVParallelLinear); tiertp.kv.heads_of_rank states it for power-of-two TP
 
 from __future__ import annotations
 
-import torch
 
 from tiertp.execution.records import KVGeometry
 from tiertp.kv.errors import OutOfKVSpace
@@ -38,9 +37,9 @@ def geometry_of(handle) -> KVGeometry:
     pool = handle.kv.kv_pool
     k0 = pool.k_buffer[0]
     cfg = handle.model_runner.model_config
-    return KVGeometry(num_layers=len(pool.k_buffer), num_kv_heads=int(cfg.get_total_num_kv_heads()),
-                      kv_heads_per_rank=int(k0.shape[1]), head_dim=int(k0.shape[2]), slots=int(k0.shape[0]),
-                      dtype=str(k0.dtype).removeprefix("torch."))
+    shape = KVShape(num_layers=len(pool.k_buffer), num_kv_heads=int(cfg.get_total_num_kv_heads()),
+                    head_dim=int(k0.shape[2]), page_size=1, dtype=k0.dtype)
+    return KVGeometry(shape, kv_heads_per_rank=int(k0.shape[1]), slots=int(k0.shape[0]))
 
 
 class SglangSlotAllocator:
@@ -70,11 +69,9 @@ class SglangSlotAllocator:
 
 def kv_pool_of(handle):
     """This rank's KV as a tiertp.kv.KVPool (views of SGLang's buffers)."""
-    geo = geometry_of(handle)
+    shape = geometry_of(handle).shape
     pool = handle.kv.kv_pool
-    shape = KVShape(num_layers=geo.num_layers, num_kv_heads=geo.num_kv_heads, head_dim=geo.head_dim, page_size=1,
-                    dtype=getattr(torch, geo.dtype))
-    heads = kv_heads_of_rank(geo.num_kv_heads, handle.ctx.tp, handle.ctx.rank)
+    heads = kv_heads_of_rank(shape.num_kv_heads, handle.ctx.tp, handle.ctx.rank)
     view = KVPool(shape, heads, list(pool.k_buffer), list(pool.v_buffer), gpu=handle.ctx.device)
     view.allocator = SglangSlotAllocator(handle.kv, handle.ctx.device)
     return view

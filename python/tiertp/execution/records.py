@@ -10,6 +10,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Hashable
 
+from tiertp.kv.shape import KVShape
+
 RequestId = Hashable
 
 # SGLang treats temperatures below this as greedy; so do we.
@@ -111,17 +113,15 @@ class RequestState:
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """The paged KV one rank holds: SGLang's MHATokenToKVPool per layer,
-    k_buffer/v_buffer of shape [slots, kv_heads_per_rank, head_dim]
-    (slot 0 is SGLang's padding slot, never a request's)."""
+    """The paged KV one rank holds: the model's KV shape (tiertp.kv.KVShape,
+    all ranks' heads) and this rank's share of it, SGLang's
+    MHATokenToKVPool per layer, k_buffer/v_buffer of shape
+    [slots, kv_heads_per_rank, head_dim] (slot 0 is SGLang's padding slot,
+    never a request's)."""
 
-    num_layers: int
-    num_kv_heads: int  # global, all ranks together
+    shape: KVShape
     kv_heads_per_rank: int
-    head_dim: int
     slots: int  # buffer rows, padding slot included
-    dtype: str  # torch dtype name, e.g. "float32"
-    page_size: int = 1
 
 
 @dataclass(frozen=True)

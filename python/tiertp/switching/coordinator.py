@@ -53,7 +53,7 @@ from tiertp.switching.control_store import ControlStore
 from tiertp.switching.errors import SwitchRolledBack, SwitchSetupError
 from tiertp.switching.layout_ids import new_id, old_id
 from tiertp.switching.participant import RelayParticipant, Source, SwitchParticipant
-from tiertp.switching.planning import SwitchPlan, kv_shape, plan_switch
+from tiertp.switching.planning import SwitchPlan, plan_switch
 from tiertp.switching.relay import plannable, relay
 from tiertp.switching.result import SwitchResult
 
@@ -128,7 +128,7 @@ class SwitchCoordinator:
             exported = [src.export(list(rids)) for src, rids in sources]
             clock.mark("export")
             if all(plannable(inst.spec.tp) for inst in instances):
-                sp = plan_switch(kv_shape(dest.info), [src.spec.devices for src, _ in sources], dest.spec.devices,
+                sp = plan_switch(dest.info.kv.shape, [src.spec.devices for src, _ in sources], dest.spec.devices,
                                  exported)
                 clock.mark("plan")
                 by_name, moved_bytes, rank_ms = (self._migrate(sp, sources, dest) if sp.plan.moves
@@ -191,7 +191,7 @@ class SwitchCoordinator:
             clock.mark("export")
             moving = [(source, parked)]
             if plannable(source.spec.tp) and plannable(dest.spec.tp):
-                sp = plan_switch(kv_shape(dest.info), [source.spec.devices], dest.spec.devices, [exported])
+                sp = plan_switch(dest.info.kv.shape, [source.spec.devices], dest.spec.devices, [exported])
                 clock.mark("plan")
                 by_name, moved_bytes, rank_ms = (self._migrate(sp, moving, dest, on_sources_done=resume_source)
                                                  if sp.plan.moves else ({}, (0, 0, 0), 0.0))
@@ -389,8 +389,7 @@ def _is_closed(inst: SwitchParticipant) -> bool:
 
 
 def _model_key(inst: SwitchParticipant) -> tuple:
-    g = inst.info.kv
-    return (inst.spec.model, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype, inst.info.vocab_size)
+    return (inst.spec.model, inst.info.kv.shape, inst.info.vocab_size)
 
 
 def _describe(e: BaseException) -> str:

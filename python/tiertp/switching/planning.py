@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from tiertp.execution.records import InstanceInfo, RequestState
+from tiertp.execution.records import RequestState
 from tiertp.kv import KVShape, Layout, MigrationPlan, RequestKV, plan_migration
 from tiertp.switching.layout_ids import new_id, old_id
 
@@ -23,12 +21,6 @@ class SwitchPlan:
     plan: MigrationPlan
     names: dict[str, object]  # plan request id -> instance request id
     kv_tokens: int  # tokens of KV moved (per head set: a request's kv_len, summed)
-
-
-def kv_shape(info: InstanceInfo) -> KVShape:
-    g = info.kv
-    return KVShape(num_layers=g.num_layers, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim, page_size=g.page_size,
-                   dtype=getattr(torch, g.dtype))
 
 
 def plan_switch(shape: KVShape, source_devices: list[tuple[int, ...]], dest_devices: tuple[int, ...],

@@ -33,7 +33,7 @@ def relay(exported: list[tuple[RelayParticipant, list[RequestState]]], dest: Rel
         return {}, 0
     reserved = dest.reserve_slots([s.kv_len for _, s in moving])  # KVOutOfSpace: nothing allocated
     pages = {s.rid: slots for (_, s), slots in zip(moving, reserved)}
-    heads = dest.info.kv.num_kv_heads
+    heads = dest.info.kv.shape.num_kv_heads
     cuts = [kv_heads_of_rank(heads, dest.spec.tp, r) for r in range(dest.spec.tp)]
     relayed = 0
     try:
