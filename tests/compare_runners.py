@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tiertp.engine.isolated import run_isolated
 from tiertp.execution.records import Sampling
-from tiertp.worker.groups import TpGroup
+from tiertp.tp_group import TpGroup
 from tiertp.worker.runners import RUNNERS, make_runner
 from tiertp.worker.step_runner import StepInput
 

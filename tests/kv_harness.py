@@ -40,7 +40,7 @@ from tiertp.kv.control import StoreControlGroup
 from tiertp.kv.dist_transport import DistTransport
 from tiertp.kv.errors import MigrationAborted
 from tiertp.kv.executor import migrate
-from tiertp.kv.layout import Layout
+from tiertp.kv.layout import Layout, heads_on
 from tiertp.kv.plan import RequestKV
 from tiertp.kv.planner import plan_migration
 from tiertp.kv.pool import KVPool
@@ -118,7 +118,7 @@ def _run_one(ctx: MigrationContext, sc: Scenario, transport) -> dict:
     old_pool = new_pool = None
     for gi, g in enumerate(sc.old.groups):
         if gpu in g.gpus:
-            old_pool = KVPool.allocate(s, g.heads_on(gpu, s.num_kv_heads), sc.old_pages.get(gpu, sc.default_pages), gpu)
+            old_pool = KVPool.allocate(s, heads_on(g, gpu, s.num_kv_heads), sc.old_pages.get(gpu, sc.default_pages), gpu)
             _fill_group(sc, gi, old_pool)
             mine = [r for r in sc.requests if r.src_group == gi]
             old_pool.allocator.take([p for r in mine for p in r.pages])
@@ -129,7 +129,7 @@ def _run_one(ctx: MigrationContext, sc: Scenario, transport) -> dict:
                 share_pool(old_pool)
     for g in sc.new.groups:
         if gpu in g.gpus:
-            new_pool = KVPool.allocate(s, g.heads_on(gpu, s.num_kv_heads), sc.new_pages.get(gpu, sc.default_pages), gpu)
+            new_pool = KVPool.allocate(s, heads_on(g, gpu, s.num_kv_heads), sc.new_pages.get(gpu, sc.default_pages), gpu)
     plan = plan_migration(s, sc.old, sc.new, sc.requests)
     free_before = new_pool.allocator.free_pages if new_pool else None
     try:

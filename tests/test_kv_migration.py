@@ -13,7 +13,7 @@ import pytest
 import torch
 from kv_harness import Scenario, run_world
 
-from tiertp.kv import KVShape, Layout, RequestKV, assign_destinations, plan_migration
+from tiertp.kv import KVShape, Layout, RequestKV, assign_destinations, heads_on, plan_migration
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def _full_kv(sc: Scenario, layout: Layout, group_of: dict, side: str, res: dict)
         full = None
         for gpu in group.gpus:
             part = res[gpu][side][r.request_id]
-            h = group.heads_on(gpu, sc.shape.num_kv_heads)
+            h = heads_on(group, gpu, sc.shape.num_kv_heads)
             if full is None:
                 full = torch.zeros(*part.shape[:4], sc.shape.num_kv_heads, sc.shape.head_dim, dtype=part.dtype)
                 seen = torch.zeros(sc.shape.num_kv_heads, dtype=torch.bool)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiertp.kv import (HeadRange, KVShape, Layout, LayoutError, RequestKV, assign_destinations,
-                       heads_of_rank, plan_migration)
+                       heads_of_rank, heads_on, plan_migration)
 
 
 def test_heads_split_contiguously_like_sglang():
@@ -81,15 +81,15 @@ def test_every_new_rank_gets_exactly_its_heads_once(seed):
         for gpu in dst.gpus:
             got = sorted(h for m in plan.moves if m.request_id == r.request_id and m.dst_gpu == gpu
                          for h in range(m.heads.start, m.heads.stop))
-            want = dst.heads_on(gpu, heads)
+            want = heads_on(dst, gpu, heads)
             assert got == list(range(want.start, want.stop))
         for m in plan.moves:
             if m.request_id == r.request_id:
-                held = src.heads_on(m.src_gpu, heads)
+                held = heads_on(src, m.src_gpu, heads)
                 assert held.start <= m.heads.start and m.heads.stop <= held.stop
                 # A head the destination already holds is never fetched from elsewhere.
                 if m.dst_gpu in src.gpus and not m.local:
-                    assert src.heads_on(m.dst_gpu, heads).intersect(m.heads) is None
+                    assert heads_on(src, m.dst_gpu, heads).intersect(m.heads) is None
     total = sum(m.nbytes(shape) for m in plan.moves)
     assert plan.bytes_to_move() + plan.bytes_local() == total
     assert sum(plan.bytes_between(s, d) for s, d in plan.remote_pairs()) == plan.bytes_to_move()

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from tiertp.execution.records import RequestState, Sampling
 from tiertp.kv import (HeadRange, KVPool, KVShape, Layout, MigrationContext, RequestKV, ShmTransport,
-                       StoreControlGroup, migrate, plan_migration)
+                       StoreControlGroup, heads_on, migrate, plan_migration)
 from tiertp.kv.ids import id_tensor
 from tiertp.kv.shared_pool import PoolMaps, share_pool
 
@@ -63,7 +63,7 @@ class _World:
         with ThreadPoolExecutor(3) as ex:
             results = dict(zip((0, 1, 2), ex.map(run, (0, 1, 2))))
         for gpu in (1, 2):
-            h = NEW.groups[0].heads_on(gpu, SHAPE.num_kv_heads)
+            h = heads_on(NEW.groups[0], gpu, SHAPE.num_kv_heads)
             for r in reqs:
                 want = self.old.read_pages(list(r.pages))[:, :, :, :, h.start:h.stop]
                 got = pools[gpu].read_pages(results[gpu].pages[r.request_id])

@@ -32,20 +32,20 @@ import torch
 
 import tiertp.kv.executor as kv_executor
 
-from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.errors import CommandRejected, DuplicateRequest
+from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.leader import Leader
 from tiertp.execution.rank_call import RankCall
 from tiertp.execution.records import NewRequest, Sampling
 from tiertp.execution.spec import InstanceSpec
-from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.switching import SwitchCoordinator, SwitchRolledBack
 from tiertp.switching.rank_migrate import MigrationCall
+from tiertp.tp_group import TpGroup
 from tiertp.worker import instance_ops
 from tiertp.worker import protocol as P
 from tiertp.worker.executor import ExecutionLoop
-from tiertp.worker.groups import TpGroup
+from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.worker.step_runner import StepInput, StepOutput, SwitchableStepRunner
 
 pytestmark = pytest.mark.slow

@@ -15,16 +15,16 @@ import time
 
 import pytest
 
+from tiertp.tp_group import TpGroup
 from tiertp.worker import instance_ops
 from tiertp.worker import protocol as P
 from tiertp.worker.agent import Agent
 from tiertp.worker.config import AgentConfig
 from tiertp.worker.executor import ExecutionLoop
-from tiertp.worker.groups import TpGroup
 from tiertp.worker.messages import parse_apply_plan, parse_submit
 from tiertp.worker.process import READY, STARTING
-from tiertp.worker.step_runner import ModelLimits, StepOutput, StepRunner
 from tiertp.worker.seal import ControlKey
+from tiertp.worker.step_runner import ModelLimits, StepOutput, StepRunner
 
 CLIENT = b"client"
 MAX_TOKENS = 3

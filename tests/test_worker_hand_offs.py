@@ -15,13 +15,13 @@ import logging
 
 import pytest
 
+from tiertp.tp_group import TpGroup
 from tiertp.worker import protocol as P
 from tiertp.worker.agent import Agent
 from tiertp.worker.config import AgentConfig
-from tiertp.worker.groups import TpGroup
 from tiertp.worker.process import READY, STARTING
-from tiertp.worker.step_runner import ModelLimits
 from tiertp.worker.seal import ControlKey
+from tiertp.worker.step_runner import ModelLimits
 from tiertp.worker.switcher import ChangeFailed
 
 CLIENT = b"gateway"

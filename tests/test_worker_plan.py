@@ -8,11 +8,12 @@ import math
 import msgspec
 import pytest
 
+from tiertp.tp_group import GroupError, TpGroup
 from tiertp.worker import protocol as P
 from tiertp.worker.config import check_model_fits_tp_levels
-from tiertp.worker.groups import GroupError, TpGroup, aligned_groups
-from tiertp.worker.messages import PlanMove, parse_apply_plan, parse_submit
+from tiertp.worker.groups import aligned_groups
 from tiertp.worker.layout_change import LayoutChange, layout_changes
+from tiertp.worker.messages import PlanMove, parse_apply_plan, parse_submit
 from tiertp.worker.plan import PlanRejected, check_plan, initial_assignments
 from tiertp.worker.requests import RequestTable
 from tiertp.worker.switcher import split_shares

@@ -8,9 +8,9 @@ import sys
 
 import zmq
 
+from tiertp.tp_group import TpGroup
 from tiertp.worker import process as process_module
 from tiertp.worker.config import AgentConfig
-from tiertp.worker.groups import TpGroup
 from tiertp.worker.process import DEAD, READY, ExecProcess
 
 

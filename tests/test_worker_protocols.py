@@ -16,12 +16,12 @@ import pytest
 
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.spec import InstanceSpec
-from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.switching.participant import RelayParticipant, SwitchParticipant
+from tiertp.tp_group import TpGroup
 from tiertp.worker import instance_ops
 from tiertp.worker.batch_state import BatchState
 from tiertp.worker.engine_runner import EngineStepRunner
-from tiertp.worker.groups import TpGroup
+from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.worker.process import READY
 from tiertp.worker.remote_instance import RemoteInstance
 from tiertp.worker.step_runner import StepRunner, SwitchableStepRunner

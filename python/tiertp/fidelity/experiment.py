@@ -33,16 +33,14 @@ import numpy as np
 from tiertp._scheduler import DEFAULT_WINDOW_S
 from tiertp.fidelity.calibration import (CALIBRATED, CALIBRATION_RULE, calibration_scale, fit_decode_overhead,
                                          loaded_probe_table, ttft_offset_ms)
+from tiertp.fidelity import provenance
 from tiertp.fidelity.compare import compare, table
 from tiertp.fidelity.defaults import PROBE_CONCURRENCY, TIERS_CPU_TWO_TIER
-from tiertp.fidelity import provenance
 from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
 from tiertp.fidelity.probe import loaded_probe, probe, probe_table, second_probe_tokens
 from tiertp.fidelity.serve_process import ServeProcess
-from tiertp.ports import free_port
 from tiertp.fidelity.sim_profile import CellScale, check_profile_levels, sim_profile_doc, write_sim_profile
-from tiertp.replay.simulated_replay import GOODPUT_DEFINITION, write_plots
-from tiertp.replay.simulated_replay import ReplayConfig as _PlotConfig
+from tiertp.ports import free_port
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.live_replay import LIVE_GOODPUT_NOTE, LiveSession, capped_loads
@@ -52,6 +50,8 @@ from tiertp.replay.metrics import TierSlo
 from tiertp.replay.policies import label
 from tiertp.replay.report import _clean, write_csv, write_json
 from tiertp.replay.sim_run import SimContext, run_once
+from tiertp.replay.simulated_replay import GOODPUT_DEFINITION, write_plots
+from tiertp.replay.simulated_replay import ReplayConfig as _PlotConfig
 from tiertp.replay.sweep import LoadResult, PolicyAtLoad
 from tiertp.replay.workload import TierRule
 from tiertp.worker.config import AgentConfig

@@ -17,7 +17,7 @@ from tiertp.kv.errors import (KVMigrationError, LayoutError, MigrationAborted, N
                               OutOfKVSpace)
 from tiertp.kv.executor import MigrationResult, migrate
 from tiertp.kv.kernels import KVKernels, kernels_for
-from tiertp.kv.layout import HeadRange, Layout, TPGroup, heads_of_rank
+from tiertp.kv.layout import HeadRange, Layout, heads_of_rank, heads_on
 from tiertp.kv.plan import MigrationPlan, Move, RequestKV
 from tiertp.kv.planner import assign_destinations, plan_migration
 from tiertp.kv.pool import KVPool
@@ -29,6 +29,6 @@ __all__ = [
     "ControlGroup", "DistTransport", "HeadRange", "KVKernels", "KVMigrationError", "KVPool", "KVShape", "Layout",
     "LayoutError", "MigrationAborted", "MigrationContext", "MigrationPlan", "MigrationResult", "Move",
     "NoGPUError", "OutOfKVSpace", "PoolExport", "RecvChannel", "RequestKV", "SendChannel", "ShmTransport",
-    "StoreControlGroup", "TPGroup", "TorchControlGroup", "Transport", "assign_destinations", "heads_of_rank",
+    "StoreControlGroup", "TorchControlGroup", "Transport", "assign_destinations", "heads_of_rank", "heads_on",
     "kernels_for", "migrate", "plan_migration", "share_pool",
 ]

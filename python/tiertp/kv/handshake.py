@@ -10,6 +10,7 @@ from __future__ import annotations
 from tiertp.kv.channel import Pulls, Transport
 from tiertp.kv.context import MigrationContext
 from tiertp.kv.errors import KVMigrationError, LayoutError, MigrationAborted, OutOfKVSpace
+from tiertp.kv.layout import heads_on
 from tiertp.kv.plan import MigrationPlan
 from tiertp.kv.pool import KVPool
 
@@ -34,7 +35,7 @@ def _check_pool(plan: MigrationPlan, gpu: int, pool: KVPool | None, which: str) 
         return
     if pool is None:
         raise LayoutError(f"GPU {gpu} is in the {which} layout but was given no {which} pool")
-    want = group.heads_on(gpu, plan.shape.num_kv_heads)
+    want = heads_on(group, gpu, plan.shape.num_kv_heads)
     if pool.heads != want or pool.shape != plan.shape:
         raise LayoutError(f"{which} pool holds heads {pool.heads} of {pool.shape}; "
                           f"the plan expects {want} of {plan.shape}")

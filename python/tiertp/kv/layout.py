@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tiertp.kv.errors import LayoutError
+from tiertp.tp_group import TpGroup
 
 
 @dataclass(frozen=True)
@@ -57,33 +58,26 @@ def _check_tp(num_kv_heads: int, tp: int) -> None:
         raise LayoutError(f"{num_kv_heads} KV heads cannot be split over TP {tp}")
 
 
-@dataclass(frozen=True)
-class TPGroup:
-    """One TP group: `gpus[r]` runs rank r. Its TP level is len(gpus)."""
+def heads_on(group: TpGroup, gpu: int, num_kv_heads: int) -> HeadRange:
+    """Heads the rank on `gpu` holds; LayoutError if `gpu` is not in the group."""
+    if gpu not in group.devices:
+        raise LayoutError(f"GPU {gpu} is not in TP group {group.gpus}")
+    return heads_of_rank(num_kv_heads, group.tp, group.rank_of(gpu))
 
-    gpus: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "gpus", tuple(self.gpus))
-        if not self.gpus:
-            raise LayoutError("a TP group needs at least one GPU")
-        if len(set(self.gpus)) != len(self.gpus):
-            raise LayoutError(f"TP group {self.gpus} repeats a GPU")
-        if len(self.gpus) & (len(self.gpus) - 1):
-            raise LayoutError(f"TP group {self.gpus}: TP {len(self.gpus)} is not a power of two")
-
-    @property
-    def tp(self) -> int:
-        return len(self.gpus)
-
-    def rank_of(self, gpu: int) -> int:
-        return self.gpus.index(gpu)
-
-    def heads_on(self, gpu: int, num_kv_heads: int) -> HeadRange:
-        """Heads the rank on `gpu` holds; LayoutError if `gpu` is not in the group."""
-        if gpu not in self.gpus:
-            raise LayoutError(f"GPU {gpu} is not in TP group {self.gpus}")
-        return heads_of_rank(num_kv_heads, self.tp, self.rank_of(gpu))
+def group_of(gpus: tuple[int, ...] | list[int]) -> TpGroup:
+    """The TP group whose rank r runs on gpus[r]: contiguous ascending GPUs,
+    a power-of-two count of them; LayoutError naming the problem otherwise."""
+    gpus = tuple(gpus)
+    if not gpus:
+        raise LayoutError("a TP group needs at least one GPU")
+    if len(set(gpus)) != len(gpus):
+        raise LayoutError(f"TP group {gpus} repeats a GPU")
+    if len(gpus) & (len(gpus) - 1):
+        raise LayoutError(f"TP group {gpus}: TP {len(gpus)} is not a power of two")
+    if gpus != tuple(range(gpus[0], gpus[0] + len(gpus))):
+        raise LayoutError(f"TP group {gpus}: its GPUs must be contiguous, rank r on GPU {gpus[0]} + r")
+    return TpGroup(gpus[0], len(gpus))
 
 
 @dataclass(frozen=True)
@@ -95,10 +89,10 @@ class Layout:
     sizes are powers of two migrate correctly, so only that is checked here.
     """
 
-    groups: tuple[TPGroup, ...]
+    groups: tuple[TpGroup, ...]
 
     def __post_init__(self) -> None:
-        groups = tuple(g if isinstance(g, TPGroup) else TPGroup(tuple(g)) for g in self.groups)
+        groups = tuple(g if isinstance(g, TpGroup) else group_of(g) for g in self.groups)
         object.__setattr__(self, "groups", groups)
         seen: set[int] = set()
         for g in groups:
@@ -109,13 +103,13 @@ class Layout:
     @classmethod
     def of(cls, *groups: tuple[int, ...] | list[int]) -> Layout:
         """Layout.of((0, 1), (2,)) is TP2 on GPUs 0-1 and TP1 on GPU 2."""
-        return cls(tuple(TPGroup(tuple(g)) for g in groups))
+        return cls(tuple(group_of(g) for g in groups))
 
     @property
     def gpus(self) -> tuple[int, ...]:
         return tuple(sorted(g for grp in self.groups for g in grp.gpus))
 
-    def group(self, index: int) -> TPGroup:
+    def group(self, index: int) -> TpGroup:
         if not 0 <= index < len(self.groups):
             raise LayoutError(f"TP group index {index} outside layout of {len(self.groups)} groups")
         return self.groups[index]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from tiertp.kv.errors import LayoutError
-from tiertp.kv.layout import HeadRange, Layout, TPGroup
+from tiertp.kv.layout import HeadRange, Layout, heads_on
 from tiertp.kv.plan import MigrationPlan, Move, RequestKV
 from tiertp.kv.shape import KVShape
+from tiertp.tp_group import TpGroup
 
 
 def plan_migration(shape: KVShape, old: Layout, new: Layout, requests: list[RequestKV]) -> MigrationPlan:
@@ -31,19 +32,19 @@ def plan_migration(shape: KVShape, old: Layout, new: Layout, requests: list[Requ
             raise LayoutError(f"request {req.request_id!r}: page ids must be distinct and >= 1")
         src, dst = old.group(req.src_group), new.group(req.dst_group)
         for dst_rank, dst_gpu in enumerate(dst.gpus):
-            want = dst.heads_on(dst_gpu, shape.num_kv_heads)
+            want = heads_on(dst, dst_gpu, shape.num_kv_heads)
             for src_gpu, heads in _sources(shape.num_kv_heads, src, dst_gpu, dst_rank, want):
                 moves.append(Move(src_gpu, dst_gpu, req.request_id, heads, pages))
     return MigrationPlan(shape, old, new, tuple(requests), tuple(moves))
 
 
-def _sources(num_kv_heads: int, src: TPGroup, dst_gpu: int, dst_rank: int,
+def _sources(num_kv_heads: int, src: TpGroup, dst_gpu: int, dst_rank: int,
              want: HeadRange) -> list[tuple[int, HeadRange]]:
     """(source GPU, heads) covering `want`, merged into maximal runs."""
     runs: list[tuple[int, HeadRange]] = []
     for head in range(want.start, want.stop):
         holders = [g for g in src.gpus
-                   if src.heads_on(g, num_kv_heads).start <= head < src.heads_on(g, num_kv_heads).stop]
+                   if heads_on(src, g, num_kv_heads).start <= head < heads_on(src, g, num_kv_heads).stop]
         gpu = dst_gpu if dst_gpu in holders else holders[dst_rank % len(holders)]
         if runs and runs[-1][0] == gpu and runs[-1][1].stop == head:
             runs[-1] = (gpu, HeadRange(runs[-1][1].start, head + 1))

@@ -8,7 +8,7 @@ One concept per module:
   replays); refusals: its rate-limited warnings about the peers it refused;
 - agent_client, stats_query: a Python client of an agent (tools, serve, tests);
 - messages: client messages parsed and validated into typed values;
-- groups: `TpGroup`, the explicit TP context (aligned power-of-two device sets);
+- groups: the aligned TP groups a node keeps warm (`TpGroup`, the explicit TP context, is tiertp.tp_group's);
 - plan: per-device assignments and `apply_plan` validation;
 - requests: the agent's table of in-flight requests (one terminal message each);
 - config: `AgentConfig`, the agent's settings (each default written once);

@@ -65,10 +65,11 @@ from collections.abc import Iterable
 import zmq
 
 from tiertp import _scheduler
+from tiertp.tp_group import TpGroup
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig, check_model_fits_tp_levels
 from tiertp.worker.gate import Gate
-from tiertp.worker.groups import TpGroup, aligned_groups
+from tiertp.worker.groups import aligned_groups
 from tiertp.worker.hand_offs import Told, by_pair, refusal
 from tiertp.worker.layout_change import layout_changes
 from tiertp.worker.messages import ApplyPlan, Submit, parse_apply_plan, parse_cancel, parse_hand_off, parse_submit

@@ -11,7 +11,7 @@ It cannot migrate KV or switch TP; it stays as a reference and fallback
 from __future__ import annotations
 
 from tiertp.engine.launch import EngineSpec, start_engine
-from tiertp.worker.groups import TpGroup
+from tiertp.tp_group import TpGroup
 from tiertp.worker.step_runner import ModelLimits, StepInput, StepOutput, StepRunner
 
 

@@ -57,10 +57,10 @@ import zmq
 
 from tiertp.execution.process_util import die_with_parent
 from tiertp.execution.records import Sampling
+from tiertp.tp_group import TpGroup
 from tiertp.worker import protocol as P
 from tiertp.worker.batch_state import BatchState
 from tiertp.worker.exec_request import ExecRequest
-from tiertp.worker.groups import TpGroup
 from tiertp.worker.runners import DEFAULT_RUNNER, RUNNERS, make_runner
 from tiertp.worker.step_runner import RunnerDied, StepRunner
 from tiertp.worker.switch_ops import SwitchOps

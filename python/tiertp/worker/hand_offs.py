@@ -14,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from tiertp.tp_group import TpGroup
 from tiertp.worker import protocol as P
-from tiertp.worker.groups import TpGroup
 from tiertp.worker.requests import InFlight
 
 

@@ -22,7 +22,7 @@ from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest, RequestState
 from tiertp.execution.spec import InstanceSpec
 from tiertp.switching.weight_binder import WEIGHT_BINDER
-from tiertp.worker.groups import TpGroup
+from tiertp.tp_group import TpGroup
 from tiertp.worker.step_runner import ModelLimits, RunnerDied, StepInput, StepOutput, SwitchableStepRunner
 
 

@@ -1,6 +1,6 @@
 """What a plan's TP-group changes mean for the requests: merges and splits.
 
-TP groups are aligned power-of-two ranges (tiertp.worker.groups), so any two
+TP groups are aligned power-of-two ranges (tiertp.tp_group), so any two
 groups either nest or are disjoint. The groups a plan removes and adds
 therefore fall into independent parts, each under one largest group: when
 that group is new, the old groups inside it merge into it (TP1 + TP1 -> TP2);
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tiertp.worker.groups import TpGroup
+from tiertp.tp_group import TpGroup
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiertp.execution.records import Sampling
+from tiertp.tp_group import TpGroup
 from tiertp.worker import protocol as P
-from tiertp.worker.groups import TpGroup
 
 
 @dataclass(frozen=True)

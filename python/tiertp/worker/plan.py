@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tiertp.worker.groups import GroupError, TpGroup
+from tiertp.tp_group import GroupError, TpGroup
 from tiertp.worker.messages import ApplyPlan
 
 class PlanRejected(ValueError):

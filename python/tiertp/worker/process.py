@@ -23,9 +23,9 @@ import zmq
 
 import tiertp
 from tiertp.engine.isolated import kill_group
+from tiertp.tp_group import TpGroup
 from tiertp.worker import protocol as P
 from tiertp.worker.config import AgentConfig
-from tiertp.worker.groups import TpGroup
 from tiertp.worker.step_runner import ModelLimits
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from tiertp.worker.groups import TpGroup
+from tiertp.tp_group import TpGroup
 from tiertp.worker.messages import Submit
 
 

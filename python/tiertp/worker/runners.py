@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-from tiertp.worker.instance_runner import InstanceStepRunner
+from tiertp.tp_group import TpGroup
 from tiertp.worker.engine_runner import EngineStepRunner
-from tiertp.worker.groups import TpGroup
+from tiertp.worker.instance_runner import InstanceStepRunner
 from tiertp.worker.step_runner import StepRunner
 
 # The one list of runner names; the first is the default.

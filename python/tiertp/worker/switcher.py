@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from tiertp.switching import SwitchCoordinator, SwitchError
-from tiertp.worker.groups import TpGroup
+from tiertp.tp_group import TpGroup
 from tiertp.worker.layout_change import LayoutChange
 from tiertp.worker.remote_instance import RemoteInstance, RemoteOpFailed
 
