@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_generate import ISOLATED_ENV, generate_text
+
 from tiertp.engine.isolated import run_isolated
-from tiertp.engine.smoke import generate
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,7 @@ _TIMEOUT_S = 300
 
 def _generate(model: str, tp: int, prompts: list[str], **kw) -> list[str]:
     payload = {"model": model, "tp": tp, "device": "cpu", "prompts": prompts, **kw}
-    return run_isolated(generate, payload, timeout_s=_TIMEOUT_S)
+    return run_isolated(generate_text, payload, timeout_s=_TIMEOUT_S, env=ISOLATED_ENV)
 
 
 def test_smollm2_tp1_answers_paris():

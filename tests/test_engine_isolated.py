@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from sglang_generate import generate_text
 
 from tiertp.engine.isolated import _importable_name
 from tiertp.engine.rank_processes import run_rank_processes
-from tiertp.engine.smoke import generate
 
 
 def test_all_ranks_succeeding_returns():
@@ -22,7 +22,7 @@ def test_failed_ranks_are_named_with_their_exit_codes():
 
 
 def test_isolated_targets_are_functions_the_child_can_import():
-    assert _importable_name(generate) == "tiertp.engine.smoke:generate"
-    for bad in (lambda payload: payload, "tiertp.engine.smoke:generate", print.__call__):
+    assert _importable_name(generate_text) == "sglang_generate:generate_text"
+    for bad in (lambda payload: payload, "sglang_generate:generate_text", print.__call__):
         with pytest.raises(ValueError, match="module-level function"):
             _importable_name(bad)

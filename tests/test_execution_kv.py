@@ -13,8 +13,8 @@ import os
 import signal
 
 import pytest
+from instance_generate import continue_generation, generate
 
-from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.errors import CommandRejected, InstanceFailed, KVOutOfSpace, UnknownRequest
 from tiertp.execution.instance import RankCallFailed, TpInstance
 from tiertp.execution.kv_io import DescribeKV

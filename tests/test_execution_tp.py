@@ -8,9 +8,9 @@ Each instance start loads SGLang in its rank processes (20-40 s on a loaded
 from __future__ import annotations
 
 import pytest
+from instance_generate import generate
 
 from tiertp.engine.models import resolve_model
-from tiertp.execution.generate import generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

@@ -11,7 +11,8 @@ Two instances (3 rank processes, about 1 GB each), tiny-llama in float32.
 
 from __future__ import annotations
 
-from tiertp.execution.generate import continue_generation, generate
+from instance_generate import continue_generation, generate
+
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

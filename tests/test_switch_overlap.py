@@ -29,11 +29,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from instance_generate import continue_generation, generate
 
 import tiertp.kv.executor as kv_executor
-
 from tiertp.execution.errors import CommandRejected, DuplicateRequest
-from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.leader import Leader
 from tiertp.execution.rank_call import RankCall

@@ -14,8 +14,8 @@ import os
 import signal
 
 import pytest
+from instance_generate import continue_generation, generate
 
-from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

@@ -9,9 +9,9 @@ Two instances (4 rank processes) of the real checkpoint, float32.
 from __future__ import annotations
 
 import pytest
+from instance_generate import continue_generation, generate
 
 from tiertp.engine.models import resolve_model
-from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

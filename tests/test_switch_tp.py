@@ -10,9 +10,9 @@ TP2 + TP4 (7 rank processes) run at once, all closed at the end.
 from __future__ import annotations
 
 import pytest
+from instance_generate import continue_generation, generate
 
 from tiertp.engine.models import resolve_model
-from tiertp.execution.generate import continue_generation, generate
 from tiertp.execution.instance import TpInstance
 from tiertp.execution.records import NewRequest
 from tiertp.execution.spec import InstanceSpec

@@ -17,9 +17,9 @@ import msgspec
 import psutil
 import pytest
 from agent_harness import MAX_TOKENS, AgentProcess, _submit, client, stop_agent
+from sglang_generate import ISOLATED_ENV, generate_ids
 
 from tiertp.engine.isolated import run_isolated
-from tiertp.worker.reference import generate_ids
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,8 @@ def reference():
     """SGLang run directly on the same prompts, started alongside the agent."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
     future = pool.submit(run_isolated, generate_ids,
-                         {"model": MODEL, "input_ids": PROMPTS, "max_tokens": MAX_TOKENS}, timeout_s=300)
+                         {"model": MODEL, "input_ids": PROMPTS, "max_tokens": MAX_TOKENS}, timeout_s=300,
+                         env=ISOLATED_ENV)
     yield future
     pool.shutdown(wait=True)
 

@@ -18,9 +18,9 @@ from collections import defaultdict
 import psutil
 import pytest
 from agent_harness import AgentProcess, Client, _submit, client, stop_agent
+from sglang_generate import ISOLATED_ENV, generate_ids
 
 from tiertp.engine.isolated import run_isolated
-from tiertp.worker.reference import generate_ids
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +36,9 @@ LONG_MAX = 90
 def reference():
     pool = concurrent.futures.ThreadPoolExecutor(1)
     short = pool.submit(run_isolated, generate_ids,
-                        {"model": MODEL, "input_ids": SHORT, "max_tokens": SHORT_MAX}, timeout_s=300)
+                        {"model": MODEL, "input_ids": SHORT, "max_tokens": SHORT_MAX}, timeout_s=300, env=ISOLATED_ENV)
     long = pool.submit(run_isolated, generate_ids,
-                       {"model": MODEL, "input_ids": LONG, "max_tokens": LONG_MAX}, timeout_s=300)
+                       {"model": MODEL, "input_ids": LONG, "max_tokens": LONG_MAX}, timeout_s=300, env=ISOLATED_ENV)
     yield {"short": short, "long": long}
     pool.shutdown(wait=True)
 

@@ -27,5 +27,5 @@ measure  # tests/compare_runners.py: run_isolated("compare_runners:measure")
 measure_level  # profiling/measure.py: run_isolated("tiertp.profiling.measure:measure_level")
 bind_store  # switching/weight_binder.py: WEIGHT_BINDER = "tiertp.switching.weight_binder:bind_store"
 compare_level  # weights/verify.py: run_isolated("tiertp.weights.verify:compare_level")
-generate_ids  # worker/reference.py: run_isolated("tiertp.worker.reference:generate_ids")
+generate_ids  # tests/sglang_generate.py: run_isolated("sglang_generate:generate_ids")
 refuse_unknown_model  # tests/test_weights_sglang.py: run_isolated("test_weights_sglang:refuse_unknown_model")

@@ -22,6 +22,5 @@ One concept per module:
 - executor: the execution process's main loop (Rust batch policy per iteration);
 - instance_ops, switch_ops: the ops a switch sends an execution process, and their handler;
 - remote_instance: the agent's proxy of an execution process's TP instance;
-- agent: the agent loop (ROUTER socket, routing, restarts, shutdown);
-- reference: greedy generation run directly on SGLang (what tests compare with).
+- agent: the agent loop (ROUTER socket, routing, restarts, shutdown).
 """

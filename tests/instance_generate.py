@@ -1,4 +1,4 @@
-"""`generate`: run requests on an instance until each has its tokens (tests, benchmarks).
+"""`generate`: run requests on an instance until each has its tokens (the tests' driver).
 
 The simplest caller of the instance API: admit everything at once, iterate,
 release each request when it has `max_new_tokens` tokens or stopped.
