@@ -85,14 +85,15 @@ class Layout:
     """A set of disjoint TP groups (one TP level each) over some GPUs.
 
     Alignment (groups being aligned power-of-two GPU ranges inside a node) is
-    the planner's rule, not a need of migration: any disjoint groups whose
-    sizes are powers of two migrate correctly, so only that is checked here.
+    the planner's rule, not a need of migration: any disjoint contiguous runs
+    of a power-of-two size migrate correctly, so only that is checked here
+    (`group_of`).
     """
 
     groups: tuple[TpGroup, ...]
 
     def __post_init__(self) -> None:
-        groups = tuple(g if isinstance(g, TpGroup) else group_of(g) for g in self.groups)
+        groups = tuple(group_of(g.gpus if isinstance(g, TpGroup) else g) for g in self.groups)
         object.__setattr__(self, "groups", groups)
         seen: set[int] = set()
         for g in groups:
