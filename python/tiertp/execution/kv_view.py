@@ -14,7 +14,6 @@ QKVParallelLinear); tiertp.kv.heads_of_rank states it for power-of-two TP
 
 from __future__ import annotations
 
-
 from tiertp.execution.records import KVGeometry
 from tiertp.kv.errors import OutOfKVSpace
 from tiertp.kv.layout import HeadRange, heads_of_rank

@@ -42,9 +42,9 @@ def _sources(num_kv_heads: int, src: TpGroup, dst_gpu: int, dst_rank: int,
              want: HeadRange) -> list[tuple[int, HeadRange]]:
     """(source GPU, heads) covering `want`, merged into maximal runs."""
     runs: list[tuple[int, HeadRange]] = []
+    held = [(g, heads_on(src, g, num_kv_heads)) for g in src.gpus]
     for head in range(want.start, want.stop):
-        holders = [g for g in src.gpus
-                   if heads_on(src, g, num_kv_heads).start <= head < heads_on(src, g, num_kv_heads).stop]
+        holders = [g for g, heads in held if heads.start <= head < heads.stop]
         gpu = dst_gpu if dst_gpu in holders else holders[dst_rank % len(holders)]
         if runs and runs[-1][0] == gpu and runs[-1][1].stop == head:
             runs[-1] = (gpu, HeadRange(runs[-1][1].start, head + 1))
