@@ -15,6 +15,7 @@ use tiertp_gateway::worker::mock::MockConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redispatch_when_a_worker_fails() {
+    let _serial = one_at_a_time().await;
     let failing = MockConfig {
         failure_rate: 1.0,
         ..MockConfig::default()
@@ -39,6 +40,7 @@ async fn redispatch_when_a_worker_fails() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_worker_leaves_no_request_hanging() {
+    let _serial = one_at_a_time().await;
     let slow = MockConfig {
         token_delay: Duration::from_millis(20),
         ..MockConfig::default()
@@ -83,6 +85,7 @@ async fn a_dead_worker_leaves_no_request_hanging() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_live_worker_gives_503() {
+    let _serial = one_at_a_time().await;
     let (gw, mut w) = start(&[MockConfig::default()]).await;
     w[0].kill();
     wait_for("the gateway to notice the dead worker", || async {
@@ -96,6 +99,7 @@ async fn no_live_worker_gives_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_device_leaves_the_plan_and_comes_back() {
+    let _serial = one_at_a_time().await;
     let two_devices = MockConfig {
         token_delay: Duration::from_millis(20),
         devices: 2,
@@ -165,6 +169,7 @@ async fn a_dead_device_leaves_the_plan_and_comes_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_is_reconnected_and_planned_again() {
+    let _serial = one_at_a_time().await;
     let (gw, mut w) = start_with(&[MockConfig::default(), MockConfig::default()], |c| {
         c.window = Duration::from_millis(250)
     })

@@ -23,6 +23,7 @@ fn plan_groups(p: &Value) -> Vec<(u64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tp_groups_never_span_nodes() {
+    let _serial = one_at_a_time().await;
     // Nodes of 1, 4 and 1 GPUs (global 0 | 1 2 3 4 | 5). Over one flat pool
     // the aligned TP2 groups would be {0,1}, {2,3} and {4,5}, the first and
     // the last across two nodes; per node they are {1,2} and {3,4}.
@@ -66,6 +67,7 @@ async fn tp_groups_never_span_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_down_at_start_joins_when_it_comes_up() {
+    let _serial = one_at_a_time().await;
     let mut w = vec![
         MockWorker::start(MockConfig::default()).await.unwrap(),
         MockWorker::start(MockConfig::default()).await.unwrap(),

@@ -22,6 +22,17 @@ pub const TIERS: &str = include_str!("../tiers.toml");
 
 pub const BOUND: Duration = Duration::from_secs(20);
 
+/// Held by every test of a binary whose tests kill a mock agent and start it
+/// again on the same port: while it is down, a mock that another test of
+/// the binary starts on port 0 can be given that port, and the gateway then
+/// finds an agent where none should be (seen under CI load).
+static PORT_REUSE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One such test at a time (`PORT_REUSE`).
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    PORT_REUSE.lock().await
+}
+
 pub async fn start(mocks: &[MockConfig]) -> (GatewayHandle, Vec<MockWorker>) {
     start_with(mocks, |_| {}).await
 }
