@@ -575,7 +575,11 @@ impl Sim<'_> {
                 .push(GroupSim::new(id, spec, self.kv_capacity(spec.tp), free_at + switch_s));
         }
         self.reindex();
-        if initial || !stopping.is_empty() {
+        // Every change of where, role or tier is recorded, also one that
+        // keeps every group's place (a GPU lent from one tier to another
+        // at the same TP); a change of caps alone is not.
+        let layout_changed = self.timeline.last().is_none_or(|last| !same_assignments(&last.groups, &specs));
+        if initial || layout_changed {
             self.timeline.push(TimelineEntry {
                 time_s: self.now,
                 groups: specs,
@@ -632,5 +636,39 @@ impl Sim<'_> {
             wall_s,
             control_log: self.log.unwrap_or_default(),
         }
+    }
+}
+
+/// The same groups in the same places, roles and tiers (caps aside).
+fn same_assignments(a: &[GroupSpec], b: &[GroupSpec]) -> bool {
+    let assignment = |g: &GroupSpec| (g.key(), g.role, g.tier);
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| assignment(x) == assignment(y))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiertp_scheduler::plan::Role;
+    use tiertp_scheduler::tiers::TierId;
+
+    fn spec(first_gpu: u32, role: Role, tier: Option<TierId>, batch_cap: u32) -> GroupSpec {
+        GroupSpec {
+            first_gpu,
+            tp: 1,
+            role,
+            tier,
+            batch_cap,
+            token_cap: 0,
+        }
+    }
+
+    #[test]
+    fn a_gpu_lent_to_another_tier_in_place_is_a_layout_change_new_caps_are_not() {
+        let before = [spec(0, Role::Prefill, Some(0), 8), spec(1, Role::Colocated, Some(1), 8)];
+        let lent = [spec(0, Role::Prefill, Some(0), 8), spec(1, Role::Decode, Some(0), 8)];
+        let recapped = [spec(0, Role::Prefill, Some(0), 16), spec(1, Role::Colocated, Some(1), 4)];
+        assert!(!same_assignments(&before, &lent));
+        assert!(same_assignments(&before, &recapped));
+        assert!(!same_assignments(&before, &before[..1]));
     }
 }
