@@ -25,40 +25,39 @@ class Iterate:
 
 
 @dataclass(frozen=True)
-class Release:
+class OnRequests:
+    """A command on some of the instance's requests, named by id."""
+
+    rids: list[RequestId]
+
+
+class Release(OnRequests):
     """Free the requests' KV now (sent by the agent: they moved away, and the
     process drops them too)."""
 
     what: ClassVar[str] = "release"
-    rids: list[RequestId]
 
 
-@dataclass(frozen=True)
-class Export:
+class Export(OnRequests):
     """-> each request's RequestState (nothing changes)."""
 
     what: ClassVar[str] = "export"
-    rids: list[RequestId]
 
 
-@dataclass(frozen=True)
-class Park:
+class Park(OnRequests):
     """Export the requests and take them out of the batch, KV kept -> their
     RequestStates. Sent by the agent, it parks those of `rids` still running
     (the states say which); the process may iterate its other requests while
     the destination copies their KV, then `Release` (moved) or `Unpark`."""
 
     what: ClassVar[str] = "park"
-    rids: list[RequestId]
 
 
-@dataclass(frozen=True)
-class Unpark:
+class Unpark(OnRequests):
     """Parked requests rejoin the batch (a hand-off failed); the next
     iteration gives each the token it would have had."""
 
     what: ClassVar[str] = "unpark"
-    rids: list[RequestId]
 
 
 @dataclass(frozen=True)
