@@ -62,7 +62,9 @@ class Unpark(OnRequests):
 
 @dataclass(frozen=True)
 class ReserveSlots:
-    """Allocate counts[i] slots per import, all or nothing."""
+    """Allocate counts[i] KV slots for import i, all or nothing -> the slots
+    of each import, in order; rejected with KVOutOfSpace, nothing allocated,
+    when they do not all fit."""
 
     what: ClassVar[str] = "reserve"
     counts: list[int]
@@ -70,7 +72,8 @@ class ReserveSlots:
 
 @dataclass(frozen=True)
 class FreeSlots:
-    """Give reserved slots back (an import given up)."""
+    """Give reserved slots back: an import given up, whose slots will never
+    be adopted. Rejected, nothing freed, if a slot is not reserved."""
 
     what: ClassVar[str] = "free_slots"
     slots: list[int]
@@ -78,7 +81,9 @@ class FreeSlots:
 
 @dataclass(frozen=True)
 class Adopt:
-    """Requests whose KV was written into reserved slots become this instance's."""
+    """Requests whose KV was written into reserved slots (`state.slots`,
+    token i in slots[i]) become this instance's: the next iteration
+    continues them from there, with no prefill."""
 
     what: ClassVar[str] = "adopt"
     states: list[RequestState]
