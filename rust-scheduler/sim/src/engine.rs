@@ -40,6 +40,11 @@ impl GroupSpec {
     pub fn same_place(&self, other: &GroupSpec) -> bool {
         self.key() == other.key()
     }
+
+    /// Same place, role and tier: the same layout, whatever the caps.
+    pub fn same_assignment(&self, other: &GroupSpec) -> bool {
+        self.same_place(other) && self.role == other.role && self.tier == other.tier
+    }
 }
 
 /// What finishing an iteration did to a request.

@@ -641,8 +641,7 @@ impl Sim<'_> {
 
 /// The same groups in the same places, roles and tiers (caps aside).
 fn same_assignments(a: &[GroupSpec], b: &[GroupSpec]) -> bool {
-    let assignment = |g: &GroupSpec| (g.key(), g.role, g.tier);
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| assignment(x) == assignment(y))
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_assignment(y))
 }
 
 #[cfg(test)]
