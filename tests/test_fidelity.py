@@ -75,6 +75,9 @@ def test_fidelity_compares_simulated_and_live_runs(tmp_path, tokenizer_dir):  # 
     probe = doc["unloaded_probe"]["tiers"]
     assert set(probe) == {"chat", "agent"}
     assert probe["chat"]["measured"]["ttft_ms"] > 0 and probe["chat"]["predicted"]["ttft_ms"] > 0
+    # each tier at its own median prompt (all capped at 40 tokens here), then a quarter of it
+    assert probe["agent"]["prompt_tokens"] == 40
+    assert doc["unloaded_probe"]["second_length"]["tiers"]["agent"]["prompt_tokens"] == 10
     assert [round(x["offered_rps"]) for x in doc["loads"]] == [4, 8]
     for load in doc["loads"]:
         assert load["live"]["completed"] + load["live"]["failed"] == load["requests"]

@@ -14,7 +14,7 @@ from test_fidelity import FAKE_TRACE, fake_serve_process, profile_doc
 from test_replay_live_client import FakeServer, tiers_file, tokenizer_dir  # noqa: F401 - fixture
 
 from tiertp.fidelity.calibration import calibration_scale, fit_decode_overhead, prefill_fit, ttft_offset_ms
-from tiertp.fidelity.probe import LoadedProbe, second_probe_tokens
+from tiertp.fidelity.probe import LoadedProbe, second_probe_tokens, tier_prompt_medians
 from tiertp.fidelity.sim_profile import CellScale, sim_profile_doc
 from tiertp.replay.live.caps import LengthCaps
 from tiertp.replay.live.limits import Limits
@@ -100,6 +100,14 @@ def test_one_prompt_length_keeps_the_ttft_ratio_and_no_offset():
 def test_the_second_probe_length_is_a_quarter_of_the_first():
     assert second_probe_tokens(174) == 43
     assert second_probe_tokens(4) == 1 and second_probe_tokens(3) is None
+
+
+def test_each_tier_is_probed_at_its_own_median_prompt():
+    # chat's short prompts dominate the load's median (150); agent's own median is 950, and a
+    # tier with no request takes the load's
+    trace = make_trace("t", [0, 1, 2, 3, 4], [140, 150, 160, 900, 950], [8] * 5, tier=[0, 0, 0, 1, 1],
+                       tier_names=["chat", "agent", "batch"])
+    assert tier_prompt_medians(trace) == {"chat": 150, "agent": 925, "batch": 160}
 
 
 def test_a_ttft_offset_delays_every_first_token_and_the_slo_sees_it(tmp_path):

@@ -8,7 +8,7 @@ server before the loads, correct for it:
 - `scale` (the unloaded probe, `CellScale`): measured / predicted TPOT of
   a request running alone, median over tiers and prompt lengths,
   multiplies the decode cells.
-  For prefill, the probe's TTFTs at its two prompt lengths are fitted as
+  For prefill, the probe's TTFTs at each tier's two prompt lengths are fitted as
   measured = factor x predicted + offset (least squares, offset >= 0): the
   factor multiplies the prefill cells, and the offset, the serving path's
   own latency to a first token (client, gateway, agent and execution
@@ -53,7 +53,7 @@ CALIBRATED = "-calibrated"
 CALIBRATION_RULE = ("decode scale = median over tiers and prompt lengths of the unloaded probe's measured / "
                     "predicted TPOT; "
                     "prefill scale and TTFT offset = measured = scale x predicted + offset (offset >= 0) fitted to "
-                    "the probe's TTFTs at its two prompt lengths (one length: the median TTFT ratio, offset 0); "
+                    "the probe's TTFTs at each tier's two prompt lengths (one length: the median TTFT ratio, offset 0); "
                     "decode_ms_per_extra_request = the decode step's cost per running request beyond the first "
                     "that best reproduces the loaded probe's per-wave median TPOTs in the simulator")
 # Candidate per-request costs: this many steps from 0 to the batch-1 decode step.
@@ -61,7 +61,7 @@ FIT_STEPS = 20
 
 
 def _median_ratio(unloaded: dict, figure: str) -> float | None:
-    ratios = [t["ratio"][figure] for _, block in probe_blocks(unloaded) for t in block.values() if t["ratio"][figure]]
+    ratios = [t["ratio"][figure] for block in probe_blocks(unloaded) for t in block.values() if t["ratio"][figure]]
     return float(np.median(ratios)) if ratios else None
 
 
@@ -70,7 +70,7 @@ def prefill_fit(unloaded: dict) -> tuple[float, float] | None:
     over the probe's requests (module doc); None where the probe measured
     TTFTs at fewer than two predicted values, or the fit has no positive
     factor."""
-    points = [(t["predicted"]["ttft_ms"], t["measured"]["ttft_ms"]) for _, block in probe_blocks(unloaded)
+    points = [(t["predicted"]["ttft_ms"], t["measured"]["ttft_ms"]) for block in probe_blocks(unloaded)
               for t in block.values() if t["measured"]["ttft_ms"] and t["predicted"]["ttft_ms"] > 0]
     predicted = np.array([p for p, _ in points], dtype=np.float64)
     measured = np.array([m for _, m in points], dtype=np.float64)

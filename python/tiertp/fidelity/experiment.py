@@ -37,7 +37,7 @@ from tiertp.fidelity import provenance
 from tiertp.fidelity.compare import compare, table
 from tiertp.fidelity.defaults import PROBE_CONCURRENCY, TIERS_CPU_TWO_TIER
 from tiertp.fidelity.moves import agent_moves, moves_delta, moves_text, summarize
-from tiertp.fidelity.probe import loaded_probe, probe, probe_table, second_probe_tokens
+from tiertp.fidelity.probe import loaded_probe, probe, probe_table, tier_prompt_medians
 from tiertp.fidelity.serve_process import ServeProcess
 from tiertp.fidelity.sim_profile import CellScale, check_profile_levels, sim_profile_doc, write_sim_profile
 from tiertp.ports import free_port
@@ -166,8 +166,8 @@ def run_fidelity(cfg: FidelityConfig) -> FidelityReport:
         if cfg.probe_per_tier:
             first = loads[0][0].trace
             p, o = int(np.median(first.prompt_tokens)), int(np.median(first.output_tokens))
-            run.unloaded = probe(session, ctx, cfg.sim_policies[0], p, o, cfg.probe_per_tier, cfg.limits,
-                                 second_probe_tokens(p))
+            run.unloaded = probe(session, ctx, cfg.sim_policies[0], tier_prompt_medians(first), o,
+                                 cfg.probe_per_tier, cfg.limits)
             run.say(probe_table(run.unloaded))
             scale = calibration_scale(run.unloaded) if cfg.calibrate else None
             if scale is not None:

@@ -1,15 +1,24 @@
 """The probes a fidelity run sends before its loads.
 
 - The unloaded probe: a few requests sent one at a time (nothing else in
-  the system), measured live and simulated alone. It separates the engine
+  the system), measured live and simulated as sent: the same requests at
+  the same times, so that both planners see the same arrivals and lay the
+  devices out alike. (Simulated one by one from an empty history, a lone
+  request may be planned onto a TP2 group where the live plan kept TP1: a
+  940-token prompt predicted at TP2's 329 ms ran live in 542 ms, about
+  TP1's 463, and the fit took the TP levels' difference for a slower
+  engine.) It separates the engine
   model's error (profile vs the serving engine, per iteration) from the
-  scheduling and queueing the loaded runs add. It sends prompts of two
-  lengths, the load's median and a quarter of it (`second_probe_tokens`):
-  two lengths tell a TTFT excess that grows with the prompt (a slower
-  prefill) from one that does not (the serving path's own latency to a
-  first token; calibration.py). The second is shorter, not longer: a long
-  prompt may be one the tiers' TTFT does not admit, and the gateway sheds
-  it.
+  scheduling and queueing the loaded runs add. Each tier gets prompts of
+  two lengths, its own median prompt in the load and a quarter of it
+  (`tier_prompt_medians`, `second_probe_tokens`): two lengths tell a TTFT
+  excess that grows with the prompt (a slower prefill) from one that does
+  not (the serving path's own latency to a first token; calibration.py).
+  Each tier's own median, not the load's, because a tier whose prompts are
+  several times the load's median is prefilled at a factor the short
+  prompts do not show (docs/fidelity.md, run 18: x1.10 at the probe's
+  174 tokens, x1.20 at the agent tier's 950 in the load). The second is shorter, not longer: a long prompt
+  may be one the tiers' TTFT does not admit, and the gateway sheds it.
 - The loaded probe: waves of requests sent together (2, 4, 8, ... at once),
   each wave awaited before the next. Their per-token times show what a
   decode step costs as served when several requests run: the profile times
@@ -20,6 +29,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -31,7 +41,7 @@ from tiertp.replay.live.limits import Limits
 from tiertp.replay.live.records import RequestRecord
 from tiertp.replay.sim_run import SimContext, run_once
 from tiertp.replay.workload import Load
-from tiertp.traces import make_trace
+from tiertp.traces import Trace, make_trace
 
 
 async def _send_sequentially(session_info, keys, prompts, specs, limits: Limits) -> list[RequestRecord]:
@@ -100,64 +110,99 @@ def loaded_probe(session, prompt_tokens: int, output_tokens: int, concurrencies:
     return LoadedProbe(prompt_tokens, output_tokens, records, sizes)
 
 
-def probe(session, ctx: SimContext, policy: str, prompt_tokens: int, output_tokens: int, per_tier: int,
-          limits: Limits, second_prompt_tokens: int | None = None) -> dict:
-    """`per_tier` requests of each tier, one at a time, of the given lengths:
-    per tier the median measured TTFT/TPOT and the simulator's for the same
-    request alone. With `second_prompt_tokens`, as many again of that prompt
-    length, reported under "second_length" in the same form."""
-    names = session.tier_names
-    lengths = [prompt_tokens] + ([second_prompt_tokens] if second_prompt_tokens else [])
-    specs = [(t, p, output_tokens) for p in lengths for _ in range(per_tier) for t in names]
-    records = asyncio.run(_send_sequentially(session.info, session.keys, session.prompts, specs, limits))
-    out = {"prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "requests_per_tier": per_tier,
-           "policy": policy, "tiers": _per_tier(ctx, policy, names, records, prompt_tokens, output_tokens)}
-    if second_prompt_tokens:
-        out["second_length"] = {"prompt_tokens": second_prompt_tokens,
-                                "tiers": _per_tier(ctx, policy, names, records, second_prompt_tokens, output_tokens)}
+def tier_prompt_medians(trace: Trace) -> dict[str, int]:
+    """Each tier's median prompt length in `trace`; the whole trace's for a
+    tier with no request in it."""
+    overall = int(np.median(trace.prompt_tokens))
+    out = {}
+    for k, name in enumerate(trace.tier_names):
+        mine = trace.prompt_tokens[trace.tier == k]
+        out[name] = int(np.median(mine)) if mine.size else overall
     return out
 
 
-def _per_tier(ctx: SimContext, policy: str, names: list[str], records: list[RequestRecord], prompt_tokens: int,
-              output_tokens: int) -> dict:
-    """Per tier, the probe's requests of this prompt length: measured
-    medians, the simulator's figures for one such request alone, ratios."""
+def probe(session, ctx: SimContext, policy: str, prompt_tokens: dict[str, int], output_tokens: int, per_tier: int,
+          limits: Limits, second_length: bool = True) -> dict:
+    """`per_tier` requests of each tier, one at a time, of that tier's
+    prompt length in `prompt_tokens`: per tier the median measured
+    TTFT/TPOT and the simulator's for the same requests replayed as sent.
+    With `second_length`, as many again of the tier's `second_probe_tokens`,
+    reported under "second_length" in the same form."""
+    names = list(session.tier_names)
+    second = {t: second_probe_tokens(prompt_tokens[t]) for t in names} if second_length else {}
+    second = {t: p for t, p in second.items() if p}
+    specs = [(t, prompt_tokens[t], output_tokens) for _ in range(per_tier) for t in names]
+    specs += [(t, second[t], output_tokens) for _ in range(per_tier) for t in names if t in second]
+    records = asyncio.run(_send_sequentially(session.info, session.keys, session.prompts, specs, limits))
+    predicted = _simulate_as_sent(ctx, policy, names, records)
+    out = {"output_tokens": output_tokens, "requests_per_tier": per_tier, "policy": policy,
+           "tiers": _per_tier(records, predicted, prompt_tokens)}
+    if second:
+        out["second_length"] = {"tiers": _per_tier(records, predicted, second)}
+    return out
+
+
+FIGURES = ("ttft_ms", "tpot_ms")
+
+
+def _simulate_as_sent(ctx: SimContext, policy: str, names: list[str], records: list[RequestRecord]) -> dict:
+    """The simulator's TTFT and TPOT of each probe request (in `records`'
+    order), the probe replayed at its live send times."""
+    sent = [r.sent_s if math.isfinite(r.sent_s) else r.scheduled_s for r in records]
+    trace = make_trace("probe", sent, [r.prompt_tokens for r in records], [r.max_tokens for r in records],
+                       tier=[names.index(r.tier) for r in records], tier_names=names, rebase=True)
+    sim = run_once(ctx, Load(None, trace, 1.0), policy, {})
+    # make_trace sorts by arrival (stably); back to the records' order.
+    order = np.argsort(np.asarray(sent), kind="stable")
     out = {}
-    for k, name in enumerate(names):
-        trace = make_trace("probe", [0.0], [prompt_tokens], [output_tokens], tier=[k], tier_names=names)
-        sim = run_once(ctx, Load(None, trace, 1.0), policy, {})
-        mine = [r for r in records if r.tier == name and r.prompt_tokens == prompt_tokens]
-        done = [r for r in mine if r.status == "completed"]
-        failed = [r.failure.message for r in mine if r.failure is not None]
-        measured = {m: statistics.median(getattr(r, m) for r in done) if done else None for m in ("ttft_ms", "tpot_ms")}
+    for m in FIGURES:
+        values = np.empty(len(records))
+        values[order] = getattr(sim, m)
+        out[m] = values
+    return out
+
+
+def _per_tier(records: list[RequestRecord], predicted: dict, prompt_tokens: dict[str, int]) -> dict:
+    """Per tier of `prompt_tokens`, the probe's requests of that tier's
+    prompt length: measured and simulated medians, and their ratios."""
+    out = {}
+    for name, p in prompt_tokens.items():
+        mine = [i for i, r in enumerate(records) if r.tier == name and r.prompt_tokens == p]
+        done = [records[i] for i in mine if records[i].status == "completed"]
+        failed = [records[i].failure.message for i in mine if records[i].failure is not None]
+        measured = {m: statistics.median(getattr(r, m) for r in done) if done else None for m in FIGURES}
+        sim = {}
+        for m in FIGURES:
+            finite = [float(predicted[m][i]) for i in mine if np.isfinite(predicted[m][i])]
+            sim[m] = float(np.median(finite)) if finite else math.nan
         out[name] = {
-            "predicted": {"ttft_ms": float(sim.ttft_ms[0]), "tpot_ms": float(sim.tpot_ms[0])},
+            "prompt_tokens": p,
+            "predicted": sim,
             "measured": measured,
-            "ratio": {m: (measured[m] / float(getattr(sim, m)[0]) if measured[m] and np.isfinite(getattr(sim, m)[0])
-                          and getattr(sim, m)[0] > 0 else None) for m in ("ttft_ms", "tpot_ms")},
+            "ratio": {m: measured[m] / sim[m] if measured[m] and np.isfinite(sim[m]) and sim[m] > 0 else None
+                      for m in FIGURES},
             "failed": failed,
         }
     return out
 
 
-def probe_blocks(result: dict) -> list[tuple[int, dict]]:
-    """(prompt length, per-tier figures) for each prompt length the unloaded
-    probe sent."""
+def probe_blocks(result: dict) -> list[dict]:
+    """The per-tier figures of each prompt length the unloaded probe sent
+    (each tier's own length, then its second)."""
     second = result.get("second_length")
-    return [(result.get("prompt_tokens"), result["tiers"])] + (
-        [(second["prompt_tokens"], second["tiers"])] if second else [])
+    return [result["tiers"]] + ([second["tiers"]] if second else [])
 
 
 def probe_table(result: dict) -> str:
     lines = [f"unloaded probe ({result['requests_per_tier']} request(s) per tier and prompt length, one at a time, "
              f"{result['output_tokens']} output tokens), predicted/measured:"]
-    for prompt_tokens, tiers in probe_blocks(result):
+    for tiers in probe_blocks(result):
         for name, t in tiers.items():
             cells = []
             for m in ("ttft_ms", "tpot_ms"):
                 p, v, ratio = t["predicted"][m], t["measured"][m], t["ratio"][m]
                 cells.append(f"{m[:4].upper()} {p:.0f}/{'-' if v is None else f'{v:.0f}'} ms"
                              + ("" if ratio is None else f" (x{ratio:.2f})"))
-            lines.append(f"  {name}, {prompt_tokens} prompt tokens: " + ", ".join(cells)
+            lines.append(f"  {name}, {t['prompt_tokens']} prompt tokens: " + ", ".join(cells)
                          + (f"; {len(t['failed'])} failed" if t["failed"] else ""))
     return "\n".join(lines)
