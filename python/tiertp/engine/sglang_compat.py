@@ -1,7 +1,9 @@
 """Everything tiertp does to make pinned SGLang (0.5.23) run on a CPU-only host.
 
-This is the one place for CPU compatibility shims. Nothing here changes
-SGLang's code; it only chooses settings SGLang already supports:
+This is the one place for CPU compatibility settings. Nothing here changes
+SGLang's code; it only chooses settings SGLang already supports (the one
+registration tiertp makes, the CPU attention backend behind the name
+"torch_native", is tiertp.engine.cpu_attention):
 
 - a stand-in ``sgl_kernel`` package (``_stubs/sgl_kernel``): PyPI ships only
   CUDA builds, which fail to import without a GPU driver, yet SGLang's CPU
@@ -26,7 +28,8 @@ SGLang's code; it only chooses settings SGLang already supports:
 
 SGLang's plugin mechanism (entry points ``sglang.srt.plugins``, the hook
 registry) would be the supported way to patch code, but nothing here needs a
-patch, and entry points would have to be declared in pyproject.toml.
+patch, and entry points would have to be declared in pyproject.toml; the
+attention backend goes through SGLang's attention registry instead.
 
 All of this is per process: call `apply` in the process that will own the
 engine (a dedicated subprocess, see tiertp.engine.isolated), never in a

@@ -49,6 +49,10 @@ def load_rank(spec: InstanceSpec, model_path: str, rank: int, dist_port: int):
     publish(server_args, role="scheduler",
             ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=rank, pp_rank=0), gpu_id=gpu_id))
     one_batch._init_process_global_configs()
+    if spec.device == "cpu":
+        from tiertp.engine import cpu_attention  # imports SGLang
+
+        cpu_attention.install()
     # load_model reads only `nccl_port` of the port args: the instance's
     # torch.distributed rendezvous port, chosen by the controller.
     bench, tokenizer = one_batch.load_model(server_args, SimpleNamespace(nccl_port=dist_port), gpu_id, rank)

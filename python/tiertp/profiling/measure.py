@@ -100,6 +100,10 @@ def _rank_main(server_args, port_args, job: dict, gpu_id: int, tp_rank: int) -> 
         ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=tp_rank, pp_rank=0), gpu_id=gpu_id),
     )
     one_batch._init_process_global_configs()
+    if server_args.device == "cpu":
+        from tiertp.engine import cpu_attention  # the attention the served CPU engine runs
+
+        cpu_attention.install()
     runner, _tokenizer = one_batch.load_model(server_args, port_args, gpu_id, tp_rank)
     grid = Grid.from_dict(job["grid"])
     capacity = int(runner.torch_runner.max_total_num_tokens)
