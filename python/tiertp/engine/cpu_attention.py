@@ -16,7 +16,10 @@ j <= prefix + i, the rows SGLang keeps, so the output is the same.
 It takes over SGLang's attention registry entry "torch_native" (the name
 every CPU-specific rule of SGLang keys on stays the same) in the process
 that builds the model runner, before the runner is built (`install`).
-Sliding windows and encoder/cross attention keep SGLang's code.
+Sliding windows and encoder/cross attention keep SGLang's code. So does the
+SGLang `Engine` fallback runner (tiertp.worker.engine_runner): its model
+runs in SGLang's own scheduler processes, which this registration does not
+reach.
 """
 
 from __future__ import annotations

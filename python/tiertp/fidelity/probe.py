@@ -14,11 +14,13 @@
   (`tier_prompt_medians`, `second_probe_tokens`): two lengths tell a TTFT
   excess that grows with the prompt (a slower prefill) from one that does
   not (the serving path's own latency to a first token; calibration.py).
-  Each tier's own median, not the load's, because a tier whose prompts are
-  several times the load's median is prefilled at a factor the short
-  prompts do not show (docs/fidelity.md, run 18: x1.10 at the probe's
-  174 tokens, x1.20 at the agent tier's 950 in the load). The second is shorter, not longer: a long prompt
-  may be one the tiers' TTFT does not admit, and the gateway sheds it.
+  Each tier's own median, not the load's: a tier whose prompts are several
+  times the load's median meets costs the median never does (in
+  docs/fidelity.md's run 18, agent's 950-token prompts passed the plan's
+  chunk size and took a second, then costly, iteration; the probe had
+  sent 174 tokens). The second length is shorter, not longer: a long
+  prompt may be one the tiers' TTFT does not admit, and the gateway sheds
+  it.
 - The loaded probe: waves of requests sent together (2, 4, 8, ... at once),
   each wave awaited before the next. Their per-token times show what a
   decode step costs as served when several requests run: the profile times
@@ -122,14 +124,14 @@ def tier_prompt_medians(trace: Trace) -> dict[str, int]:
 
 
 def probe(session, ctx: SimContext, policy: str, prompt_tokens: dict[str, int], output_tokens: int, per_tier: int,
-          limits: Limits, second_length: bool = True) -> dict:
+          limits: Limits) -> dict:
     """`per_tier` requests of each tier, one at a time, of that tier's
-    prompt length in `prompt_tokens`: per tier the median measured
-    TTFT/TPOT and the simulator's for the same requests replayed as sent.
-    With `second_length`, as many again of the tier's `second_probe_tokens`,
-    reported under "second_length" in the same form."""
+    prompt length in `prompt_tokens`, then as many of its
+    `second_probe_tokens`: per tier and length the median measured
+    TTFT/TPOT and the simulator's for the same requests replayed as sent
+    (the second lengths under "second_length", in the same form)."""
     names = list(session.tier_names)
-    second = {t: second_probe_tokens(prompt_tokens[t]) for t in names} if second_length else {}
+    second = {t: second_probe_tokens(prompt_tokens[t]) for t in names}
     second = {t: p for t, p in second.items() if p}
     specs = [(t, prompt_tokens[t], output_tokens) for _ in range(per_tier) for t in names]
     specs += [(t, second[t], output_tokens) for _ in range(per_tier) for t in names if t in second]
@@ -142,7 +144,7 @@ def probe(session, ctx: SimContext, policy: str, prompt_tokens: dict[str, int], 
     return out
 
 
-FIGURES = ("ttft_ms", "tpot_ms")
+_FIGURES = ("ttft_ms", "tpot_ms")
 
 
 def _simulate_as_sent(ctx: SimContext, policy: str, names: list[str], records: list[RequestRecord]) -> dict:
@@ -155,7 +157,7 @@ def _simulate_as_sent(ctx: SimContext, policy: str, names: list[str], records: l
     # make_trace sorts by arrival (stably); back to the records' order.
     order = np.argsort(np.asarray(sent), kind="stable")
     out = {}
-    for m in FIGURES:
+    for m in _FIGURES:
         values = np.empty(len(records))
         values[order] = getattr(sim, m)
         out[m] = values
@@ -170,9 +172,9 @@ def _per_tier(records: list[RequestRecord], predicted: dict, prompt_tokens: dict
         mine = [i for i, r in enumerate(records) if r.tier == name and r.prompt_tokens == p]
         done = [records[i] for i in mine if records[i].status == "completed"]
         failed = [records[i].failure.message for i in mine if records[i].failure is not None]
-        measured = {m: statistics.median(getattr(r, m) for r in done) if done else None for m in FIGURES}
+        measured = {m: statistics.median(getattr(r, m) for r in done) if done else None for m in _FIGURES}
         sim = {}
-        for m in FIGURES:
+        for m in _FIGURES:
             finite = [float(predicted[m][i]) for i in mine if np.isfinite(predicted[m][i])]
             sim[m] = float(np.median(finite)) if finite else math.nan
         out[name] = {
@@ -180,7 +182,7 @@ def _per_tier(records: list[RequestRecord], predicted: dict, prompt_tokens: dict
             "predicted": sim,
             "measured": measured,
             "ratio": {m: measured[m] / sim[m] if measured[m] and np.isfinite(sim[m]) and sim[m] > 0 else None
-                      for m in FIGURES},
+                      for m in _FIGURES},
             "failed": failed,
         }
     return out
