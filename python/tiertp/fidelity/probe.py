@@ -7,9 +7,9 @@
   request may be planned onto a TP2 group where the live plan kept TP1: a
   940-token prompt predicted at TP2's 329 ms ran live in 542 ms, about
   TP1's 463, and the fit took the TP levels' difference for a slower
-  engine.) It separates the engine
-  model's error (profile vs the serving engine, per iteration) from the
-  scheduling and queueing the loaded runs add. Each tier gets prompts of
+  engine.) It separates the engine model's error (profile vs the serving
+  engine, per iteration) from the scheduling and queueing the loaded runs
+  add. Each tier gets prompts of
   two lengths, its own median prompt in the load and a quarter of it
   (`tier_prompt_medians`, `second_probe_tokens`): two lengths tell a TTFT
   excess that grows with the prompt (a slower prefill) from one that does
