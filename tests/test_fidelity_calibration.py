@@ -208,3 +208,22 @@ def test_probe_concurrency_option(monkeypatch, tmp_path, capsys):
     with pytest.raises(SystemExit) as usage:
         _fidelity_cli(monkeypatch, tmp_path, "--probe-concurrency", "2,-1")
     assert usage.value.code == 2 and "--probe-concurrency" in capsys.readouterr().err
+
+
+def test_the_unloaded_probe_is_simulated_as_sent(tmp_path):
+    """The probe's requests are replayed at their send times, in one run: a
+    request sent while another still runs is predicted behind it, and each
+    prediction lands on its own record, whatever order they were sent in."""
+    from tiertp.fidelity.probe import _simulate_as_sent
+
+    ctx = _ctx(tmp_path)
+    names = ["chat", "agent"]
+    # records 0 and 1 far apart; record 3 sent just after record 2, record 2 listed last
+    sent = {0: 0.0, 1: 30.0, 2: 60.0, 3: 60.001}
+    records = [RequestRecord(i, "chat", 40, 20, s, sent_s=s) for i, s in sent.items()]
+    records = records[:2] + [records[3], records[2]]
+    predicted = _simulate_as_sent(ctx, "tiertp", names, records)
+    alone, later, crowded, first = predicted["ttft_ms"]
+    assert alone == pytest.approx(later)  # the same request, alone each time
+    assert first == pytest.approx(alone)
+    assert crowded > first  # sent while record 2 was running
