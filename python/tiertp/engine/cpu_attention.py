@@ -43,16 +43,16 @@ class PrefixAwareTorchNativeBackend(TorchNativeAttnBackend):
                 query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens, extend_prefix_lens,
                 extend_seq_lens, encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
                 is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
-        # [tokens, heads, head_dim] -> [heads, tokens, head_dim]
-        query = query.movedim(0, query.dim() - 2)
+        # [tokens, heads, head_dim] -> [heads, tokens, head_dim], as SDPA takes them
+        query = query.movedim(0, 1)
         start_q = 0
         for pool_idx, kv_len, prefix, new in zip(req_pool_indices.tolist(), seq_lens.tolist(),
                                                  extend_prefix_lens.tolist(), extend_seq_lens.tolist(), strict=True):
             end_q = start_q + new
             q = query[:, start_q:end_q, :]
             tokens = req_to_token[pool_idx, :kv_len]
-            k = k_cache[tokens].movedim(0, query.dim() - 2)
-            v = v_cache[tokens].movedim(0, query.dim() - 2)
+            k = k_cache[tokens].movedim(0, 1)
+            v = v_cache[tokens].movedim(0, 1)
             if not (q.dtype == k.dtype == v.dtype):
                 k, v = k.to(q.dtype), v.to(q.dtype)
             mask, is_causal = None, causal
@@ -62,7 +62,7 @@ class PrefixAwareTorchNativeBackend(TorchNativeAttnBackend):
                 is_causal = False
             out = scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
                                                enable_gqa=enable_gqa, scale=scaling, is_causal=is_causal)
-            output[start_q:end_q, :, :] = out.squeeze(0).movedim(query.dim() - 2, 0)
+            output[start_q:end_q, :, :] = out.squeeze(0).movedim(1, 0)
             start_q = end_q
         return output
 

@@ -201,7 +201,7 @@ def probe_table(result: dict) -> str:
     for tiers in probe_blocks(result):
         for name, t in tiers.items():
             cells = []
-            for m in ("ttft_ms", "tpot_ms"):
+            for m in _FIGURES:
                 p, v, ratio = t["predicted"][m], t["measured"][m], t["ratio"][m]
                 cells.append(f"{m[:4].upper()} {p:.0f}/{'-' if v is None else f'{v:.0f}'} ms"
                              + ("" if ratio is None else f" (x{ratio:.2f})"))
