@@ -13,11 +13,14 @@ stamp="$VENV/.requirements.sha"
 want=$(cat requirements/*.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "$VENV/bin/python" -m pip install --quiet -r requirements/installer.txt
-    # Copies, not links into uv's cache: the venv owns its files, as with pip.
+    # Hard links into uv's cache, not copies: torch and the CUDA wheels are
+    # ~6 GB, and a second copy of them filled the disk of a CI host whose uv
+    # cache was warm. Nothing writes into site-packages' files in place; where
+    # the cache is on another filesystem uv copies instead.
     # Bytecode compiled now, as pip does: with PYTHONDONTWRITEBYTECODE set no
     # process writes it later, and every SGLang, torch or transformers import
     # in every rank, engine and test process would compile them again.
-    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --link-mode=copy --compile-bytecode)
+    install=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --link-mode=hardlink --compile-bytecode)
     if [ -n "${PIP_FIND_LINKS:-}" ]; then
         install+=(--find-links "$PIP_FIND_LINKS")
     fi
